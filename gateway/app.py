@@ -1,0 +1,132 @@
+"""The ASGI application: endpoints wired to the `Gateway` service object."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Mapping
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import GatewayError
+from gateway.metrics_api import metrics_endpoints
+from gateway.passthrough import passthrough
+from gateway.service import Gateway
+from gateway.settings import Settings, load_settings
+
+log = logging.getLogger("firsttoken")
+
+
+def json_response(obj: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def create_app(settings: Settings | None = None,
+               environ: Mapping[str, str] | None = None) -> "HotPath":
+    settings = settings or load_settings()
+    gateway = Gateway(settings, environ)
+
+    async def chat_completions(request: Request) -> Response:
+        return await gateway.handle(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await gateway.handle(request, "completions")
+
+    async def models(request: Request) -> Response:
+        try:
+            gateway.keys.tenant_for(request)
+        except GatewayError as exc:
+            return exc.to_response()
+        return json_response({"object": "list", "data": await list_models(gateway)})
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ready = gateway.ready()
+        return json_response({"ready": ready, "routes": [r.name for r in gateway.table.routes]},
+                             200 if ready else 503)
+
+    async def other_v1(request: Request) -> Response:
+        try:
+            gateway.keys.tenant_for(request)
+            return await passthrough(request, gateway.table, gateway.upstreams,
+                                     settings.max_body_bytes, request.path_params["path"])
+        except GatewayError as exc:
+            return exc.to_response()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),  # via HotPath
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        *metrics_endpoints(gateway),
+        Route("/v1/{path:path}", other_v1,
+              methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return HotPath(app, gateway)
+
+
+HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+class HotPath:
+    """Chat and completions POSTs skip Starlette's middleware stack.
+
+    Each middleware layer wraps `send`, and a stream calls `send` once per event, so on the hot
+    path those layers cost more than all of the gateway's own work. Everything else, lifespan
+    included, goes to the Starlette app.
+    """
+
+    def __init__(self, app: Starlette, gateway: Gateway) -> None:
+        self.app = app
+        self.state = app.state
+        self.gateway = gateway
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = HOT_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.gateway.handle(Request(scope, receive), endpoint)
+        except Exception:
+            log.exception("unhandled error on %s", scope["path"])
+            response = GatewayError(500, "Internal gateway error.").to_response()
+        await response(scope, receive, send)
+
+
+async def list_models(gateway: Gateway) -> list[dict]:
+    """Exact model names of each route, and the local engine's own cards; glob patterns are
+    not models and are not listed."""
+    seen: dict[str, dict] = {}
+    created = int(time.time())
+    for route in gateway.table.routes:
+        upstream = gateway.upstreams[route.name]
+        if route.kind == "local":
+            with contextlib.suppress(GatewayError):
+                await gateway.upstream_ready(route.name)
+            for card in upstream.model_cards():
+                seen.setdefault(card["id"], card)
+        for name in (*route.models, *route.model_map):
+            if any(ch in name for ch in "*?["):
+                continue
+            seen.setdefault(name, {"id": name, "object": "model", "created": created,
+                                   "owned_by": route.name})
+    return list(seen.values())

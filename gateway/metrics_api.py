@@ -1,0 +1,64 @@
+"""Read side of telemetry: the per-tenant JSON endpoint and Prometheus exposition.
+
+A tenant sees only its own figures; asking for another tenant is a 403, never an empty success.
+Admin keys (`FIRSTTOKEN_ADMIN_KEYS`) may read any tenant, or all with `?tenant=*`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.service import Gateway
+
+log = logging.getLogger("firsttoken.metrics")
+
+MAX_WINDOW_S = 31 * 86400
+
+
+def _window(request: Request) -> int:
+    raw = request.query_params.get("window", "3600")
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_WINDOW_S:
+        raise GatewayError(400, f"'window' must be an integer number of seconds in 1..{MAX_WINDOW_S}.",
+                           param="window")
+    return int(raw)
+
+
+def metrics_endpoints(gateway: "Gateway") -> list[Route]:
+    async def ttft(request: Request) -> Response:
+        try:
+            window = _window(request)
+            asked = request.query_params.get("tenant")
+            if gateway.keys.is_admin(request):
+                tenant = asked or "default"
+            else:
+                tenant = gateway.keys.tenant_for(request)
+                if asked is not None and asked != tenant:
+                    raise GatewayError(403, "A tenant may read only its own metrics.",
+                                       param="tenant", code="forbidden_tenant")
+            report = await gateway.telemetry.report(tenant, window)
+        except GatewayError as exc:
+            return exc.to_response()
+        except Exception as exc:  # the store is down: this endpoint degrades, serving does not
+            log.warning("metrics store unavailable: %s", type(exc).__name__)
+            return GatewayError(503, "The metrics store is unavailable; try again shortly.",
+                                code="metrics_store_unavailable").to_response()
+        return Response(orjson.dumps(report), media_type="application/json")
+
+    async def prometheus(request: Request) -> Response:
+        if not gateway.keys.open and not gateway.keys.is_admin(request):
+            return GatewayError(401, "/metrics needs an admin key (FIRSTTOKEN_ADMIN_KEYS).",
+                                code="admin_key_required").to_response()
+        body, content_type = gateway.telemetry.prometheus_exposition()
+        return Response(body, media_type=None, headers={"content-type": content_type})
+
+    return [Route("/v1/metrics/ttft", ttft, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"])]

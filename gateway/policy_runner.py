@@ -1,0 +1,90 @@
+"""The gateway's side of the policies: which chain runs for a request, and the prefix-break
+diagnostics that need the telemetry store. The policies themselves are pure (`policies/`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+from policies import (DEFAULT_POLICIES, PolicyChain, PolicyConfigError, PolicyContext,
+                      PolicyResult, build_chain, parse_policy_list)
+from policies.diagnostics import PrefixFingerprints, find_prefix_break, stable_prefix_tokens
+
+from gateway.errors import GatewayError
+from gateway.routes import Route
+from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
+
+log = logging.getLogger("firsttoken.policies")
+
+POLICY_HEADER = "x-firsttoken-policies"
+
+
+class PolicyRunner:
+    """Builds each distinct chain once, at start-up, so a bad option fails the start, not a request."""
+
+    def __init__(self, settings: Settings, routes: list[Route],
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.allow_client = settings.allow_client_policies
+        self._options = policy_options(environ)
+        try:
+            self.default_names = (parse_policy_list(settings.policies)
+                                  if settings.policies is not None else tuple(DEFAULT_POLICIES))
+            self._chains: dict[tuple[str, ...], PolicyChain] = {}
+            self._chain(self.default_names)
+            for route in routes:
+                if route.policies is not None:
+                    self._chain(tuple(route.policies))
+        except PolicyConfigError as exc:
+            message = str(exc)
+            if not message.startswith(ENV_PREFIX):
+                message = f"{ENV_PREFIX}POLICIES: {message}"
+            raise SettingsError(message) from None
+
+    def _chain(self, names: tuple[str, ...]) -> PolicyChain:
+        chain = self._chains.get(names)
+        if chain is None:
+            chain = self._chains[names] = build_chain(names, self._options)
+        return chain
+
+    def names_for(self, route: Route, header: str | None) -> tuple[str, ...]:
+        if header is not None:
+            if not self.allow_client:
+                raise GatewayError(403, f"The {POLICY_HEADER} header is disabled on this gateway.",
+                                   param=POLICY_HEADER, code="policy_override_forbidden")
+            try:
+                return parse_policy_list(header)
+            except PolicyConfigError as exc:
+                raise GatewayError(400, f"{POLICY_HEADER}: {exc}", param=POLICY_HEADER) from None
+        return tuple(route.policies) if route.policies is not None else self.default_names
+
+    def apply(self, names: tuple[str, ...], body: dict, ctx: PolicyContext) -> PolicyResult | None:
+        """None when no policy runs or a policy fails: a broken policy degrades itself, not the request."""
+        if not names:
+            return None
+        try:
+            return self._chain(names).apply(body, ctx)
+        except PolicyConfigError:
+            raise
+        except Exception:
+            log.exception("policy chain %s failed; forwarding the request unchanged", names)
+            return None
+
+
+async def prefix_break_headers(telemetry, tenant: str, result: PolicyResult,
+                               previous_task) -> dict[str, str]:
+    """Compare this request's prefix fingerprints with the family's last ones, then store these."""
+    if previous_task is None or result.fingerprints is None or not result.cache_key:
+        return {}
+    previous_blob = await previous_task
+    telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
+    if previous_blob is None:
+        return {}
+    try:
+        previous = PrefixFingerprints.from_bytes(previous_blob)
+    except Exception:
+        return {}
+    found = find_prefix_break(previous, result.fingerprints)
+    if found is not None:
+        telemetry.record_prefix_break(tenant, found.kind)
+        return {"x-firsttoken-prefix-break": found.location}
+    return {"x-firsttoken-prefix-stable-tokens": str(stable_prefix_tokens(previous, result.fingerprints))}

@@ -1,0 +1,306 @@
+"""Forwarding one chat or completions request: retries before the first byte, streaming after.
+
+`StreamRelay` is a raw ASGI response so that the moment the status line goes out is ours to
+choose: an upstream failure before any event can still become a 502/503/504 (or a fallback),
+while every event after the first is written the moment it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import GatewayError, sse_error_event
+from gateway.routes import Route
+from gateway.settings import Settings
+from gateway.sse import DONE, KEEPALIVE, SSE_HEADERS
+from gateway.timing import RequestTiming
+from gateway.upstreams import CallContext, OutEvent, Upstream, UpstreamError, UpstreamTimeout
+
+log = logging.getLogger("firsttoken.proxy")
+
+BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class Plan:
+    """Everything decided about a request before any upstream is called."""
+
+    endpoint: str
+    tenant: str
+    request_id: str
+    chain: list[Route]
+    bodies: Callable[[Route], dict]           # the upstream body for a route (policies applied)
+    client_wants_usage: bool
+    response_headers: dict[str, str] = field(default_factory=dict)
+    late_headers: Callable[[], Awaitable[dict[str, str]]] | None = None
+    forward_headers: dict[str, str] = field(default_factory=dict)
+    on_finish: Callable[[RequestTiming], None] | None = None
+
+
+class Proxy:
+    def __init__(self, settings: Settings, upstreams: dict[str, Upstream]) -> None:
+        self.settings = settings
+        self.upstreams = upstreams
+
+    def _context(self, plan: Plan, route: Route, body: dict) -> CallContext:
+        return CallContext(plan.endpoint, plan.tenant, body.get("model", ""), plan.request_id,
+                           plan.forward_headers)
+
+    def _first_token_timeout(self, route: Route) -> float | None:
+        return route.first_token_timeout_s or self.settings.first_token_timeout_s
+
+    def _timeout(self, route: Route) -> float:
+        return route.timeout_s or self.settings.timeout_s
+
+    async def attempt(self, plan: Plan, timing: RequestTiming,
+                      call: Callable[[Upstream, dict, CallContext, Route], Awaitable[Any]]) -> Any:
+        """Run `call` on the route chain: retry on retryable errors, then fall back, all before
+        the client has seen a byte. Honours Retry-After when it fits in the route's budget."""
+        last: UpstreamError | None = None
+        for position, route in enumerate(plan.chain):
+            upstream = self.upstreams[route.name]
+            body = plan.bodies(route)
+            ctx = self._context(plan, route, body)
+            budget_end = time.perf_counter() + self._timeout(route)
+            for attempt in range(self.settings.retry_attempts):
+                timing.route, timing.fallback = route.name, position > 0
+                timing.upstream_sent = time.perf_counter()
+                try:
+                    return await call(upstream, body, ctx, route)
+                except UpstreamError as exc:
+                    last = exc
+                    if not exc.retryable:
+                        raise
+                    delay = exc.retry_after if exc.retry_after is not None else BACKOFF_S[
+                        min(attempt, len(BACKOFF_S) - 1)]
+                    if attempt + 1 >= self.settings.retry_attempts:
+                        break
+                    if time.perf_counter() + delay >= budget_end:
+                        break
+                    log.info("retrying route %s after %s in %.2fs", route.name, exc.status, delay)
+                    await asyncio.sleep(delay)
+        assert last is not None
+        raise last
+
+    async def complete(self, plan: Plan, timing: RequestTiming) -> Response:
+        async def call(upstream: Upstream, body: dict, ctx: CallContext, route: Route):
+            try:
+                return await asyncio.wait_for(upstream.complete(body, ctx), self._timeout(route))
+            except asyncio.TimeoutError:
+                raise UpstreamTimeout(f"upstream {route.name!r} timed out") from None
+
+        try:
+            result = await self.attempt(plan, timing, call)
+        except UpstreamError as exc:
+            timing.status = _status_kind(exc)
+            _finish(plan, timing)
+            return upstream_error_response(exc, plan.response_headers)
+        timing.usage = result.usage
+        headers = dict(plan.response_headers)
+        if plan.late_headers is not None:
+            headers.update(await plan.late_headers())
+        _finish(plan, timing)
+        return Response(result.body, status_code=result.status, media_type=None,
+                        headers={"content-type": result.content_type, **headers})
+
+    def stream(self, plan: Plan, timing: RequestTiming) -> "StreamRelay":
+        return StreamRelay(self, plan, timing)
+
+
+class StreamRelay:
+    """ASGI response that relays upstream SSE events to the client as they arrive."""
+
+    def __init__(self, proxy: Proxy, plan: Plan, timing: RequestTiming) -> None:
+        self.proxy = proxy
+        self.plan = plan
+        self.timing = timing
+        self.started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.ensure_future(self._relay(send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if relay not in done:
+                self.timing.status = "client_gone"
+                relay.cancel()
+                try:
+                    await relay
+                except (asyncio.CancelledError, Exception):
+                    pass
+            else:
+                relay.result()
+        finally:
+            watcher.cancel()
+            if not relay.done():
+                relay.cancel()
+            _finish(self.plan, self.timing)
+
+    async def _start(self, send: Send) -> None:
+        if self.started:
+            return
+        self.started = True
+        headers = {**SSE_HEADERS, **self.plan.response_headers}
+        if self.plan.late_headers is not None:
+            headers.update(await self.plan.late_headers())
+        raw = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+
+    async def _write(self, send: Send, data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _open_and_first(self, upstream: Upstream, body: dict, ctx: CallContext,
+                              route: Route, send: Send):
+        """Open the upstream stream and wait for its first events, sending keepalive comments
+        meanwhile; a first-token timeout here may still be retried (the client saw no event)."""
+        keepalive = self.proxy.settings.keepalive_s
+        limit = self.proxy._first_token_timeout(route)
+        deadline = time.perf_counter() + (limit if limit else self.proxy._timeout(route))
+
+        async def open_first():
+            stream = await upstream.open_stream(body, ctx)
+            iterator = stream.__aiter__()
+            try:
+                first = await iterator.__anext__()
+            except StopAsyncIteration:
+                first = []
+            except BaseException:
+                await stream.aclose()
+                raise
+            return stream, iterator, first
+
+        task = asyncio.ensure_future(open_first())
+        try:
+            while True:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise UpstreamTimeout(f"no first token from route {route.name!r} within "
+                                          f"{limit or self.proxy._timeout(route)}s")
+                done, _ = await asyncio.wait({task}, timeout=min(keepalive, remaining))
+                if done:
+                    return task.result()
+                if time.perf_counter() < deadline:
+                    await self._start(send)
+                    await self._write(send, KEEPALIVE)
+        finally:
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_close_orphan_stream)
+
+    async def _relay(self, send: Send) -> None:
+        plan, timing = self.plan, self.timing
+        try:
+            stream, iterator, first = await self.proxy.attempt(
+                plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send))
+        except UpstreamError as exc:
+            timing.status = _status_kind(exc)
+            if not self.started:
+                response = upstream_error_response(exc, plan.response_headers)
+                await response({"type": "http"}, _no_receive, send)
+            else:
+                await self._write(send, sse_error_event(exc.message, _error_type(exc)))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+
+        route_timeout = self.proxy._timeout(self.proxy.upstreams[timing.route].route)
+        try:
+            await self._start(send)
+            async with asyncio.timeout(route_timeout - (time.perf_counter() - timing.upstream_sent)):
+                await self._forward(send, first)
+                async for batch in iterator:
+                    await self._forward(send, batch)
+        except TimeoutError:
+            timing.status = "timeout"
+            await self._write(send, sse_error_event("upstream timed out mid-stream", "timeout_error"))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            log.warning("stream from route %s failed: %s", timing.route, type(exc).__name__)
+            timing.status = "upstream_error"
+            await self._write(send, sse_error_event(
+                f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})"))
+        finally:
+            await stream.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _forward(self, send: Send, batch: list[OutEvent]) -> None:
+        timing = self.timing
+        keep_usage = self.plan.client_wants_usage
+        parts = []
+        content = False
+        for event in batch:
+            if event.usage is not None:
+                timing.usage = event.usage
+                if event.usage_only and not keep_usage:
+                    continue
+            if event.error:
+                timing.status = "upstream_error"
+            if event.content:
+                content = True
+            parts.append(event.raw)
+        if content:
+            timing.upstream_content()
+        if parts:
+            await self._write(send, parts[0] if len(parts) == 1 else b"".join(parts))
+            if content:
+                timing.content_written()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _no_receive() -> dict:
+    return {"type": "http.disconnect"}
+
+
+def _close_orphan_stream(task: asyncio.Task) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+    stream = task.result()[0]
+    asyncio.ensure_future(stream.aclose())
+
+
+def _finish(plan: Plan, timing: RequestTiming) -> None:
+    if plan.on_finish is not None:
+        plan.on_finish(timing)
+        plan.on_finish = None
+
+
+def _status_kind(exc: UpstreamError) -> str:
+    if isinstance(exc, UpstreamTimeout):
+        return "timeout"
+    return "client_error" if 400 <= exc.status < 500 and exc.status != 429 else "upstream_error"
+
+
+def _error_type(exc: UpstreamError) -> str:
+    return "timeout_error" if isinstance(exc, UpstreamTimeout) else "upstream_error"
+
+
+def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Response:
+    """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504."""
+    if 400 <= exc.status < 500 and exc.body is not None:
+        return Response(exc.body, status_code=exc.status,
+                        headers={"content-type": exc.content_type or "application/json", **headers})
+    if isinstance(exc, UpstreamTimeout):
+        status = 504
+    else:
+        status = 503 if exc.status == 503 else 502
+    error = GatewayError(status, exc.message, code="upstream_" + str(exc.status))
+    response = error.to_response()
+    response.headers.update(headers)
+    if exc.retry_after is not None and status == 503:
+        response.headers["retry-after"] = str(int(exc.retry_after))
+    return response
+

@@ -1,0 +1,75 @@
+"""Reading and checking the client's JSON body: size limit first, then just enough validation
+to route the request. Everything else in the body passes through untouched."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+
+from gateway.errors import GatewayError
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> GatewayError:
+    return GatewayError(413, f"Request body exceeds the limit of {max_bytes} bytes "
+                             "(FIRSTTOKEN_MAX_BODY_BYTES).", code="request_too_large")
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    raw = await read_body(request, max_bytes)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"Request body is not valid JSON: {exc.msg}.",
+                           code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "Request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def require_model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise GatewayError(400, "'model' is required and must be a non-empty string.",
+                           param="model", code="invalid_model" if "model" in body else "missing_model")
+    return model
+
+
+def validate_chat(body: dict) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' is required and must be a non-empty array.",
+                           param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise GatewayError(400, f"messages[{i}] must be an object with a string 'role'.",
+                               param=f"messages[{i}]")
+    _validate_stream(body)
+
+
+def validate_completion(body: dict) -> None:
+    prompt = body.get("prompt")
+    if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
+        raise GatewayError(400, "'prompt' is required (a string, or an array of strings or tokens).",
+                           param="prompt")
+    _validate_stream(body)
+
+
+def _validate_stream(body: dict) -> None:
+    if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+        raise GatewayError(400, "'stream' must be a boolean.", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise GatewayError(400, "'stream_options' must be an object.", param="stream_options")

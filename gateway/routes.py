@@ -1,0 +1,135 @@
+"""Routes: which upstream serves which model.
+
+`FIRSTTOKEN_ROUTES` is a JSON list; the first route whose `models` match serves a request.
+Without it, routes are derived from the provider keys present in the environment, and with
+none of those the local engine is the default (see `default_routes`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Literal, Mapping
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gateway.settings import ENV_PREFIX, SettingsError
+
+RouteKind = Literal["openai", "anthropic", "local"]
+
+
+class Route(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    models: tuple[str, ...] = Field(min_length=1)
+    kind: RouteKind
+    base_url: str | None = None
+    api_key_env: str | None = None
+    fallbacks: tuple[str, ...] = ()
+    timeout_s: float | None = Field(None, gt=0)
+    first_token_timeout_s: float | None = Field(None, gt=0)
+    model_map: dict[str, str] = Field(default_factory=dict)
+    policies: tuple[str, ...] | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    # local engine only
+    model_path: str | None = None
+    demo: bool = False
+
+    @model_validator(mode="after")
+    def _needs_target(self) -> "Route":
+        if self.kind in ("openai", "anthropic") and not self.base_url:
+            raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
+        return self
+
+    def matches(self, model: str) -> bool:
+        return any(p == model or fnmatch.fnmatchcase(model, p) for p in self.models)
+
+    def upstream_model(self, model: str) -> str:
+        return self.model_map.get(model, model)
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        if not self.api_key_env:
+            return None
+        environ = os.environ if environ is None else environ
+        return environ.get(self.api_key_env) or None
+
+
+class RouteTable:
+    """Ordered routes with lookup by model and by name."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+        self.by_name = {r.name: r for r in routes}
+        for route in routes:
+            for fallback in route.fallbacks:
+                if fallback not in self.by_name:
+                    raise SettingsError(
+                        f"{ENV_PREFIX}ROUTES: route {route.name!r} names unknown fallback {fallback!r}"
+                    )
+
+    def match(self, model: str) -> Route | None:
+        for route in self.routes:
+            if route.matches(model):
+                return route
+        return None
+
+    def chain(self, route: Route) -> list[Route]:
+        """The route followed by its fallbacks, each once."""
+        seen, out = set(), []
+        for r in [route, *(self.by_name[f] for f in route.fallbacks)]:
+            if r.name not in seen:
+                seen.add(r.name)
+                out.append(r)
+        return out
+
+    def first_of_kind(self, kind: str) -> Route | None:
+        return next((r for r in self.routes if r.kind == kind), None)
+
+
+def parse_routes(raw: str) -> list[Route]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SettingsError(f"{ENV_PREFIX}ROUTES: not valid JSON ({exc})") from None
+    if not isinstance(data, list) or not data:
+        raise SettingsError(f"{ENV_PREFIX}ROUTES: expected a non-empty JSON list of routes")
+    routes = []
+    for i, item in enumerate(data):
+        try:
+            routes.append(Route.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise SettingsError(
+                f"{ENV_PREFIX}ROUTES[{i}]{'.' + where if where else ''}: {first['msg']}"
+            ) from None
+    names = [r.name for r in routes]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"{ENV_PREFIX}ROUTES: route names must be unique")
+    return routes
+
+
+PROVIDER_DEFAULTS = (
+    ("OPENAI_API_KEY", Route(name="openai", models=("*",), kind="openai",
+                             base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY")),
+    ("ANTHROPIC_API_KEY", Route(name="anthropic", models=("claude-*",), kind="anthropic",
+                                base_url="https://api.anthropic.com/v1",
+                                api_key_env="ANTHROPIC_API_KEY")),
+    ("DEEPSEEK_API_KEY", Route(name="deepseek", models=("deepseek-*",), kind="openai",
+                               base_url="https://api.deepseek.com/v1",
+                               api_key_env="DEEPSEEK_API_KEY")),
+)
+
+
+def default_routes(environ: Mapping[str, str] | None = None) -> list[Route]:
+    """Routes from provider keys; OpenAI's catch-all goes last so specific patterns win."""
+    environ = os.environ if environ is None else environ
+    present = [route for env, route in PROVIDER_DEFAULTS if environ.get(env)]
+    present.sort(key=lambda r: r.models == ("*",))
+    return present
+
+
+def load_routes(raw: str | None, environ: Mapping[str, str] | None = None) -> RouteTable:
+    return RouteTable(parse_routes(raw) if raw else default_routes(environ))

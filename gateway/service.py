@@ -1,0 +1,198 @@
+"""The running gateway: routes, upstreams, keys, policies and telemetry, built once from settings."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import uuid
+from typing import Mapping
+
+from policies import PolicyContext
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.errors import GatewayError
+from gateway.policy_runner import POLICY_HEADER, PolicyRunner, prefix_break_headers
+from gateway.proxy import Plan, Proxy
+from gateway.request_body import read_json, require_model, validate_chat, validate_completion
+from gateway.routes import Route, RouteTable, load_routes
+from gateway.settings import ENV_PREFIX, Settings, SettingsError
+from gateway.timing import RequestTiming
+from gateway.upstreams import Upstream, build_upstream
+
+log = logging.getLogger("firsttoken")
+
+NO_ROUTE_HELP = (
+    "No route is configured. Set OPENAI_API_KEY, ANTHROPIC_API_KEY or DEEPSEEK_API_KEY, or "
+    "FIRSTTOKEN_ROUTES (a JSON list of routes), or install the local engine "
+    "(pip install 'firsttoken[engine]') to serve a local model."
+)
+
+
+def engine_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def embedded_default_routes(settings: Settings) -> list[Route]:
+    """With no route and no provider key, the bundled engine serves every model name."""
+    if not engine_installed():
+        return []
+    return [Route(name="local", models=("*",), kind="local", model_path=settings.engine_model,
+                  demo=not settings.engine_model)]
+
+
+class Gateway:
+    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self.settings = settings
+        try:
+            self.keys = KeyRing(parse_tenant_keys(settings.tenant_keys),
+                                parse_admin_keys(settings.admin_keys))
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        table = load_routes(settings.routes, environ)
+        if not table.routes:
+            table = RouteTable(embedded_default_routes(settings))
+        self.table = table
+        self.upstreams: dict[str, Upstream] = {
+            r.name: build_upstream(r, settings, environ) for r in table.routes}
+        self.proxy = Proxy(settings, self.upstreams)
+        self.policies = PolicyRunner(settings, table.routes, environ)
+        self.telemetry = self._telemetry(settings, environ)
+        self._started: dict[str, asyncio.Task] = {}
+        self._warmups: list[asyncio.Task] = []
+
+    @staticmethod
+    def _telemetry(settings: Settings, environ: Mapping[str, str]):
+        from gateway.telemetry import Telemetry
+
+        return Telemetry.create(
+            redis_url=settings.effective_redis_url(environ), key_prefix=settings.metrics_key_prefix,
+            retention_s=settings.metrics_retention, buffer_max=settings.telemetry_buffer,
+            max_tenants=settings.metrics_max_tenants, slo_default_ms=settings.ttft_slo_ms,
+            slo_tenants=settings.slo_targets(), slo_objective=settings.ttft_slo_objective,
+            enabled=settings.telemetry)
+
+    # lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.telemetry.start()
+        for name, upstream in self.upstreams.items():
+            self._started[name] = asyncio.ensure_future(self._start_upstream(upstream))
+
+    async def _start_upstream(self, upstream: Upstream) -> None:
+        await upstream.start()
+        await upstream.warm_up()
+
+    async def upstream_ready(self, name: str) -> None:
+        task = self._started.get(name)
+        if task is not None and not task.done():
+            try:
+                await task
+            except Exception as exc:
+                raise GatewayError(503, f"route {name!r} failed to start: {exc}") from None
+
+    def ready(self) -> bool:
+        return bool(self.upstreams) and all(
+            t.done() and t.exception() is None for t in self._started.values())
+
+    async def aclose(self) -> None:
+        for task in self._started.values():
+            task.cancel()
+        await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
+        await self.telemetry.aclose()
+
+    # requests ------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        try:
+            tenant = self.keys.tenant_for(request)
+            body = await read_json(request, self.settings.max_body_bytes)
+            model = require_model(body)
+            (validate_chat if endpoint == "chat" else validate_completion)(body)
+            route = self.table.match(model)
+            if route is None:
+                if not self.table.routes:
+                    raise GatewayError(503, NO_ROUTE_HELP, code="no_route_configured")
+                raise GatewayError(404, f"The model '{model}' is not served by any route.",
+                                   param="model", code="model_not_found")
+            chain = self.table.chain(route)
+            for r in chain:
+                await self.upstream_ready(r.name)
+            stream = bool(body.get("stream"))
+            timing = RequestTiming(tenant=tenant, model=model, stream=stream)
+            plan = self._plan(request, endpoint, tenant, body, model, chain, stream, timing)
+        except GatewayError as exc:
+            return exc.to_response()
+        if stream:
+            return self.proxy.stream(plan, timing)
+        return await self.proxy.complete(plan, timing)
+
+    def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
+              chain: list[Route], stream: bool, timing: RequestTiming) -> Plan:
+        names = self.policies.names_for(chain[0], request.headers.get(POLICY_HEADER))
+        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        bodies: dict[str, dict] = {}
+        results = {}
+
+        def body_for(route: Route) -> dict:
+            cached = bodies.get(route.name)
+            if cached is not None:
+                return cached
+            upstream_model = route.upstream_model(model)
+            ctx = PolicyContext(endpoint=endpoint, route_kind=route.kind, model=upstream_model,
+                                tenant=tenant)
+            result = self.policies.apply(names, body, ctx)
+            results[route.name] = result
+            out = dict(result.body if result is not None else body)
+            out["model"] = upstream_model
+            if stream:
+                out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+            bodies[route.name] = out
+            return out
+
+        body_for(chain[0])
+        primary = results[chain[0].name]
+        headers: dict[str, str] = {}
+        late = None
+        if primary is not None:
+            headers["x-firsttoken-policies"] = ",".join(primary.applied) or "none"
+            saved = max(0, primary.prompt_tokens_before - primary.prompt_tokens_after)
+            headers["x-firsttoken-prompt-tokens-saved"] = str(saved)
+            timing.prompt_tokens_saved = saved
+            if primary.fingerprints is not None and primary.cache_key and self.telemetry.enabled:
+                previous = asyncio.ensure_future(
+                    self.telemetry.get_fingerprints(tenant, primary.cache_key))
+
+                async def late():
+                    return await prefix_break_headers(self.telemetry, tenant, primary, previous)
+        else:
+            headers["x-firsttoken-policies"] = "none"
+        telemetry = self.telemetry
+        return Plan(
+            endpoint=endpoint, tenant=tenant, request_id=uuid.uuid4().hex, chain=chain,
+            bodies=body_for, client_wants_usage=client_wants_usage, response_headers=headers,
+            late_headers=late, forward_headers=_forwardable(request),
+            on_finish=lambda t: telemetry.record(t.to_event()),
+        )
+
+
+FORWARDED_HEADERS = frozenset({"openai-beta", "anthropic-beta"})
+
+
+def _forwardable(request: Request) -> dict[str, str]:
+    """Client headers that change what the upstream does. Never its key, nor account headers
+    (organization, project) that belong to the client's account, not the route's."""
+    out = {}
+    for name, value in request.headers.items():
+        if name in FORWARDED_HEADERS:
+            out[name] = value
+    return out
+
+
+def settings_error_message(exc: Exception) -> str:
+    message = str(exc)
+    return message if message.startswith(ENV_PREFIX) else f"configuration error: {message}"

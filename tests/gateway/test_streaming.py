@@ -1,0 +1,89 @@
+"""Streams are never buffered, and a client that leaves closes the upstream request at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+
+from tests.gateway.conftest import openai_route
+
+BODY = {"model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+
+
+def test_client_gets_event_one_before_upstream_sends_event_two(mock_upstream, make_gateway):
+    hold = asyncio.Event()
+    mock_upstream.mock.behaviour.hold_after_first = hold
+    gw = make_gateway([openai_route(mock_upstream)])
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=BODY,
+                      timeout=httpx.Timeout(5.0)) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if "tok0" in line:
+                break
+        # The upstream is still parked after event 1: a buffering gateway would hang here.
+        assert not hold.is_set()
+        got_first = time.perf_counter()
+        mock_upstream.call(hold.set)
+        rest = "\n".join(lines)
+    assert mock_upstream.mock.sent_first and mock_upstream.mock.sent_first[0] < got_first
+    assert "tok1" in rest and "[DONE]" in rest
+
+
+def test_client_disconnect_closes_upstream_within_a_second(mock_upstream, make_gateway):
+    mock_upstream.mock.behaviour.chunks = 50
+    mock_upstream.mock.behaviour.gap_s = 0.1
+    gw = make_gateway([openai_route(mock_upstream)])
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=BODY, timeout=10) as r:
+        for line in r.iter_lines():
+            if "tok0" in line:
+                break
+        left = time.perf_counter()
+    deadline = left + 3
+    while not mock_upstream.mock.disconnects and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    assert mock_upstream.mock.disconnects, "upstream never saw the client leave"
+    assert mock_upstream.mock.disconnects[0] - left < 1.0
+
+
+def anthropic_route(server) -> dict:
+    return {"name": "claude", "models": ["claude-*"], "kind": "anthropic",
+            "base_url": server.base_url, "api_key_env": "MOCK_KEY"}
+
+
+def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
+    gw = make_gateway([anthropic_route(mock_upstream)])
+    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    resp = c.chat.completions.create(model="claude-x", messages=messages)
+    assert resp.choices[0].message.content == "Hello from Claude"
+    assert resp.usage.prompt_tokens_details.cached_tokens == 100
+    sent = mock_upstream.mock.requests[-1]
+    assert sent["path"] == "/v1/messages" and sent["headers"]["x-api-key"] == "sk-upstream-secret"
+    assert sent["body"]["system"][0]["text"] == "be brief"
+
+    chunks = list(c.chat.completions.create(model="claude-x", messages=messages, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "Hello from Claude"
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 100
+
+
+def test_anthropic_tool_use_stream(mock_upstream, make_gateway):
+    gw = make_gateway([anthropic_route(mock_upstream)])
+    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    args, names, finish = "", [], None
+    for ch in c.chat.completions.create(model="claude-x", tools=tools, stream=True,
+                                        messages=[{"role": "user", "content": "weather?"}]):
+        if not ch.choices:
+            continue
+        for call in ch.choices[0].delta.tool_calls or []:
+            if call.function.name:
+                names.append(call.function.name)
+            args += call.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert names == ["get_weather"] and args == '{"city": "Paris"}' and finish == "tool_calls"
