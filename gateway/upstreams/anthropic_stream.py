@@ -1,0 +1,278 @@
+"""Anthropic Messages -> OpenAI: whole responses, SSE events and error bodies.
+
+The client holds an OpenAI SDK, so whatever Anthropic answers must come back in OpenAI's shapes:
+a `chat.completion`, a stream of `chat.completion.chunk`s, or an `{"error": {...}}` body. The
+stream translator is fed one event at a time and returns the chunks for that event at once, so
+the gateway never holds back a token.
+
+Usage: Anthropic counts fresh input (`input_tokens`), cache reads and cache writes separately;
+OpenAI's `prompt_tokens` is their sum, with the reads in `prompt_tokens_details.cached_tokens`.
+The write count has no OpenAI field, so it is kept visible in two places (see `openai_usage`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+_ERROR_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class AnthropicStreamError(RuntimeError):
+    """An `error` event inside an Anthropic stream (e.g. `overloaded_error` mid-answer)."""
+
+    def __init__(self, message: str, error_type: str = "api_error"):
+        super().__init__(message)
+        self.message = message
+        self.type = error_type
+
+    def to_openai(self) -> dict:
+        """The OpenAI error body to send in-stream."""
+        return _error_body(self.message, self.type)
+
+
+def finish_reason(stop_reason: str | None) -> str | None:
+    """Anthropic `stop_reason` -> OpenAI `finish_reason` (unknown reasons read as "stop")."""
+    if stop_reason is None:
+        return None
+    return FINISH_REASONS.get(stop_reason, "stop")
+
+
+def openai_usage(usage: dict) -> dict:
+    """Anthropic usage -> OpenAI usage, with the cache-write count kept visible."""
+    fresh = usage.get("input_tokens") or 0
+    cache_read = usage.get("cache_read_input_tokens") or 0
+    cache_write = usage.get("cache_creation_input_tokens") or 0
+    prompt = fresh + cache_read + cache_write
+    completion = usage.get("output_tokens") or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
+        "cache_creation_input_tokens": cache_write,
+    }
+
+
+def to_openai_response(resp: dict, model: str, *, created: int | None = None) -> dict:
+    """Translate a non-streaming Anthropic message into an OpenAI `chat.completion`."""
+    texts: list[str] = []
+    thoughts: list[str] = []
+    tool_calls: list[dict] = []
+    for block in resp.get("content") or []:
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block.get("text", ""))
+        elif kind == "thinking":
+            thoughts.append(block.get("thinking", ""))
+        elif kind == "tool_use":
+            tool_calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
+                    },
+                }
+            )
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not tool_calls else None,
+        "refusal": None,
+    }
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if thoughts:
+        message["reasoning_content"] = "".join(thoughts)
+    return {
+        "id": resp.get("id") or _new_id(),
+        "object": "chat.completion",
+        "created": int(time.time()) if created is None else created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason(resp.get("stop_reason")) or "stop",
+            }
+        ],
+        "usage": openai_usage(resp.get("usage") or {}),
+    }
+
+
+class AnthropicStreamTranslator:
+    """Turns Anthropic SSE events into OpenAI `chat.completion.chunk` dicts, one event at a time.
+
+    Only `tool_use` blocks become OpenAI tool calls; their OpenAI `index` counts tool blocks
+    alone, while Anthropic's block index counts every block, so the translator keeps the map.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        include_usage: bool,
+        created: int | None = None,
+        request_id: str | None = None,
+    ):
+        self.model = model
+        self.include_usage = include_usage
+        self.created = int(time.time()) if created is None else created
+        self.id = request_id
+        self.usage: dict | None = None
+        self.saw_content = False
+        self._anthropic_usage: dict = {}
+        self._tool_index_by_block: dict[int, int] = {}
+
+    def feed(self, event: str, data: dict) -> list[dict]:
+        """Translate one event (its SSE name and parsed data) into zero or more chunks."""
+        kind = event if event and event != "message" else data.get("type", "")
+        if kind == "content_block_delta":
+            return self._on_block_delta(data)
+        if kind == "content_block_start":
+            return self._on_block_start(data)
+        if kind == "message_start":
+            return self._on_message_start(data.get("message") or {})
+        if kind == "message_delta":
+            return self._on_message_delta(data)
+        if kind == "message_stop":
+            if self.include_usage and self.usage is not None:
+                return [{**self._chunk_head(), "choices": [], "usage": self.usage}]
+            return []
+        if kind == "error":
+            error = data.get("error") or {}
+            raise AnthropicStreamError(
+                error.get("message") or "upstream stream error", error.get("type") or "api_error"
+            )
+        return []  # ping, content_block_stop, and event types added after this was written
+
+    def _on_message_start(self, message: dict) -> list[dict]:
+        if self.id is None:
+            self.id = message.get("id") or _new_id()
+        self._update_usage(message.get("usage") or {})
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def _on_block_start(self, data: dict) -> list[dict]:
+        block = data.get("content_block") or {}
+        kind = block.get("type")
+        if kind == "tool_use":
+            tool_index = len(self._tool_index_by_block)
+            self._tool_index_by_block[data.get("index", 0)] = tool_index
+            initial_input = block.get("input")
+            arguments = orjson.dumps(initial_input).decode() if initial_input else ""
+            call = {
+                "index": tool_index,
+                "id": block.get("id"),
+                "type": "function",
+                "function": {"name": block.get("name"), "arguments": arguments},
+            }
+            return [self._content_chunk({"tool_calls": [call]})]
+        if kind == "text" and block.get("text"):
+            return [self._content_chunk({"content": block["text"]})]
+        if kind == "thinking" and block.get("thinking"):
+            return [self._content_chunk({"reasoning_content": block["thinking"]})]
+        return []
+
+    def _on_block_delta(self, data: dict) -> list[dict]:
+        delta = data.get("delta") or {}
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text")
+            return [self._content_chunk({"content": text})] if text else []
+        if kind == "input_json_delta":
+            fragment = delta.get("partial_json")
+            tool_index = self._tool_index_by_block.get(data.get("index", 0))
+            if not fragment or tool_index is None:
+                return []
+            call = {"index": tool_index, "function": {"arguments": fragment}}
+            return [self._content_chunk({"tool_calls": [call]})]
+        if kind == "thinking_delta":
+            thinking = delta.get("thinking")
+            return [self._content_chunk({"reasoning_content": thinking})] if thinking else []
+        return []  # signature_delta, citations_delta: nothing OpenAI clients can use
+
+    def _on_message_delta(self, data: dict) -> list[dict]:
+        self._update_usage(data.get("usage") or {})
+        reason = finish_reason((data.get("delta") or {}).get("stop_reason"))
+        if reason is None:
+            return []
+        return [self._chunk({}, finish_reason=reason)]
+
+    def _update_usage(self, usage: dict) -> None:
+        """Anthropic's counts are cumulative; later events may repeat or raise earlier ones."""
+        for name, value in usage.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                self._anthropic_usage[name] = value
+        self.usage = openai_usage(self._anthropic_usage)
+
+    def _content_chunk(self, delta: dict) -> dict:
+        self.saw_content = True
+        return self._chunk(delta)
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        chunk = self._chunk_head()
+        chunk["choices"] = [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ]
+        return chunk
+
+    def _chunk_head(self) -> dict:
+        if self.id is None:
+            self.id = _new_id()
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+        }
+
+
+def error_to_openai(status: int, body: bytes) -> dict:
+    """An Anthropic error response body -> OpenAI `{"error": {...}}`, keeping message and type.
+
+    Non-JSON bodies (a proxy's HTML page, say) keep a short excerpt as the message.
+    """
+    fallback_type = _ERROR_TYPE_BY_STATUS.get(status, "api_error")
+    try:
+        parsed = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message") or f"upstream returned HTTP {status}"
+        return _error_body(str(message), str(error.get("type") or fallback_type))
+    if isinstance(error, str):
+        return _error_body(error, fallback_type)
+    excerpt = body[:500].decode("utf-8", "replace").strip()
+    return _error_body(excerpt or f"upstream returned HTTP {status}", fallback_type)
+
+
+def _error_body(message: str, error_type: str) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+
+
+def _new_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
