@@ -1,0 +1,59 @@
+"""Redis key names: hash-tagged per tenant, with names escaped so no input escapes its keys.
+
+A tenant or route name goes into a key only in a safe form: verbatim when it is a
+short run of `[A-Za-z0-9._-]`, otherwise `%` plus a hash of it. `%` is outside the
+verbatim alphabet, so an escaped name can never equal a verbatim one, and no name
+can put `:`, `{`, `}`, `*`, whitespace or unbounded length into a key. The real
+names live as values in small name hashes, where any bytes are harmless.
+
+Every key of one tenant carries the same hash tag `{t=<tenant>}`, so Redis Cluster
+keeps a tenant's buckets on one slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_VERBATIM = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def escape_name(name: str) -> str:
+    """A key-safe, collision-free stand-in for an arbitrary tenant or route name."""
+    if _VERBATIM.fullmatch(name):
+        return name
+    return "%" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class KeySpace:
+    """All key names under one prefix (the prefix itself must be key-safe)."""
+
+    def __init__(self, prefix: str) -> None:
+        if not _VERBATIM.fullmatch(prefix):
+            raise ValueError(
+                f"telemetry key prefix must match [A-Za-z0-9._-]{{1,64}}, got {prefix!r}"
+            )
+        self.prefix = prefix
+
+    def tenants(self) -> str:
+        """Hash: escaped tenant -> tenant name."""
+        return f"{self.prefix}:tenants"
+
+    def _tag(self, tenant: str) -> str:
+        return "{t=" + escape_name(tenant) + "}"
+
+    def routes(self, tenant: str) -> str:
+        """Hash: escaped route -> route name, for one tenant."""
+        return f"{self.prefix}:routes:{self._tag(tenant)}"
+
+    def bucket(self, tenant: str, route: str, minute: int) -> str:
+        """Hash of counters for one tenant, route and minute."""
+        return f"{self.prefix}:ttft:{self._tag(tenant)}:{escape_name(route)}:{minute}"
+
+    def fingerprints(self, tenant: str, family: str) -> str:
+        """String: the last prompt-prefix fingerprints of a tenant and model family."""
+        return f"{self.prefix}:fp:{self._tag(tenant)}:{escape_name(family)}"
+
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key under this prefix."""
+        return f"{self.prefix}:*"

@@ -1,0 +1,117 @@
+"""Turning merged counters into the figures operators read: percentiles, ratios, SLOs.
+
+Every reader (the JSON endpoint, the command line, tests) goes through here, over
+counters from any store, so they all print the same numbers.
+
+SLO attainment is the share of TTFT samples at or below the tenant's target,
+read from the histogram (the one bucket straddling the target is interpolated on
+the log scale, see `histogram.share_at_or_below`). Only requests that produced a
+first token have a TTFT, so failures count as errors, not as SLO misses.
+`budget_remaining = 1 - (1 - attainment) / (1 - objective)`: 1 when nothing
+missed, 0 when misses used exactly the budget the objective allows, negative when
+they used more (-1 means twice the budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .aggregate import Fields, histogram_counts, minute_of
+from .event import STATUSES
+from .histogram import percentiles, share_at_or_below
+from .store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    default_ms: float = 1000.0
+    tenants: Mapping[str, float] = field(default_factory=dict)
+    objective: float = 0.99
+
+    def __post_init__(self) -> None:
+        if not 0 < self.objective < 1:
+            raise ValueError(
+                f"SLO objective must be between 0 and 1 (exclusive), got {self.objective}"
+            )
+        if self.default_ms <= 0 or any(ms <= 0 for ms in self.tenants.values()):
+            raise ValueError("SLO targets must be positive milliseconds")
+
+    def target_ms(self, tenant: str) -> float:
+        return float(self.tenants.get(tenant, self.default_ms))
+
+
+def _ms(value_s: float | None) -> float | None:
+    return None if value_s is None else round(value_s * 1000.0, 3)
+
+
+def _series_ms(
+    fields: Fields, series: str, quantiles: Mapping[str, float], mean: bool
+) -> dict[str, Any]:
+    counts = histogram_counts(fields, series)
+    values = percentiles(counts, quantiles.values())
+    figures: dict[str, Any] = {name: _ms(v) for name, v in zip(quantiles, values)}
+    if mean:
+        n = sum(counts.values())
+        figures["mean"] = _ms(fields.get(f"{series}_sum", 0.0) / n) if n else None
+    return figures
+
+
+_FULL = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+_SHORT = {"p50": 0.5, "p99": 0.99}
+
+
+def slo_figures(fields: Fields, target_ms: float, objective: float) -> dict[str, Any]:
+    attainment = share_at_or_below(histogram_counts(fields, "t"), target_ms / 1000.0)
+    budget = None if attainment is None else 1.0 - (1.0 - attainment) / (1.0 - objective)
+    return {
+        "target_ms": target_ms,
+        "objective": objective,
+        "attainment": None if attainment is None else round(attainment, 6),
+        "budget_remaining": None if budget is None else round(budget, 6),
+    }
+
+
+def route_figures(route: str, fields: Fields, slo: SloConfig, tenant: str) -> dict[str, Any]:
+    """The per-route dict of the metrics JSON, from one route's merged counters."""
+    prompt = int(fields.get("prompt", 0))
+    cached = int(fields.get("cached", 0))
+    count = int(fields.get("n", 0))
+    itl_n = int(fields.get("itl_n", 0))
+    return {
+        "route": route,
+        "count": count,
+        "stream_count": int(fields.get("stream", 0)),
+        "ttft_ms": _series_ms(fields, "t", _FULL, mean=True),
+        "upstream_ttft_ms": _series_ms(fields, "u", _FULL, mean=True),
+        "gateway_ms": _series_ms(fields, "g", _SHORT, mean=False),
+        "complete_ms": _series_ms(fields, "c", _FULL, mean=True),
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,
+        "cache_hit_ratio": round(cached / prompt, 6) if prompt else None,
+        "prompt_tokens_saved": int(fields.get("saved", 0)),
+        "output_tokens": int(fields.get("out", 0)),
+        "mean_itl_ms": _ms(fields.get("itl_sum", 0.0) / itl_n) if itl_n else None,
+        "mean_total_ms": _ms(fields.get("total_sum", 0.0) / count) if count else None,
+        "errors": int(fields.get("err", 0)),
+        "statuses": {s: int(fields[f"s:{s}"]) for s in (*STATUSES, "other") if f"s:{s}" in fields},
+        "fallbacks": int(fields.get("fb", 0)),
+        "slo": slo_figures(fields, slo.target_ms(tenant), slo.objective),
+    }
+
+
+def window_minutes(window_s: int, now: float) -> tuple[int, int]:
+    """The minute buckets a window covers: every minute that overlaps `[now - window, now]`."""
+    return minute_of(now - window_s), minute_of(now)
+
+
+async def tenant_report(
+    store: Store, tenant: str, window_s: int, slo: SloConfig, now: float
+) -> dict:
+    first, last = window_minutes(window_s, now)
+    per_route = await store.read(tenant, first, last)
+    return {
+        "tenant": tenant,
+        "window_s": window_s,
+        "routes": [route_figures(r, per_route[r], slo, tenant) for r in sorted(per_route)],
+    }

@@ -1,0 +1,51 @@
+"""Deterministic synthetic request events, shared by the tests and the writer subprocess."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from gateway.telemetry import RequestEvent
+
+
+def make_events(
+    seed: int,
+    count: int,
+    tenant: str = "acme",
+    routes: tuple[str, ...] = ("openai", "local"),
+    now: float | None = None,
+) -> list[RequestEvent]:
+    """Lognormal TTFTs (median ~300 ms) over the last 20 minutes, some errors and non-streams."""
+    rng = random.Random(seed)
+    now = time.time() if now is None else now
+    events = []
+    for _ in range(count):
+        upstream = rng.lognormvariate(-1.3, 0.6)
+        stream = rng.random() < 0.9
+        status = (
+            "ok"
+            if rng.random() < 0.95
+            else rng.choice(["upstream_error", "timeout", "client_gone"])
+        )
+        ttft = upstream + rng.lognormvariate(-6.5, 0.5) if stream else None
+        prompt = rng.randint(100, 5000)
+        events.append(
+            RequestEvent(
+                tenant=tenant,
+                route=rng.choice(routes),
+                model="m",
+                stream=stream,
+                status=status,
+                ttft_s=ttft,
+                upstream_ttft_s=upstream,
+                total_s=upstream + rng.uniform(0.5, 3.0),
+                output_tokens=rng.randint(1, 300),
+                mean_itl_s=rng.uniform(0.01, 0.05) if stream else None,
+                prompt_tokens=prompt,
+                cached_prompt_tokens=rng.randint(0, prompt),
+                prompt_tokens_saved=rng.randint(0, 50),
+                fallback=rng.random() < 0.05,
+                ts=now - rng.uniform(0, 1200),
+            )
+        )
+    return events
