@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import time
 import uuid
 from typing import Mapping
 
@@ -108,6 +109,7 @@ class Gateway:
     # requests ------------------------------------------------------------------------------
 
     async def handle(self, request: Request, endpoint: str) -> Response:
+        arrival, wall_arrival = time.perf_counter(), time.time()
         try:
             tenant = self.keys.tenant_for(request)
             body = await read_json(request, self.settings.max_body_bytes)
@@ -123,7 +125,8 @@ class Gateway:
             for r in chain:
                 await self.upstream_ready(r.name)
             stream = bool(body.get("stream"))
-            timing = RequestTiming(tenant=tenant, model=model, stream=stream)
+            timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
+                                   wall_arrival=wall_arrival)
             plan = self._plan(request, endpoint, tenant, body, model, chain, stream, timing)
         except GatewayError as exc:
             return exc.to_response()

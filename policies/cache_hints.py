@@ -1,0 +1,186 @@
+"""cache_hints: tell the provider where the stable prefix ends.
+
+- ``anthropic`` routes: when the client set no ``cache_control`` anywhere (tools, messages,
+  content parts, top level), add up to four breakpoints, each only where the prefix before it
+  reaches the model's minimum cacheable length: the end of the tools, the end of the system
+  prompt, the end of the previous turn (a second read point when a turn adds more than the
+  20-block lookback) and the last message stable across turns (the last one before the
+  volatile note). No breakpoint goes after a volatile value left in the system prompt (a
+  clock, a request id): that write could never be read. Tools and system may use a longer
+  TTL (``FIRSTTOKEN_CACHE_HINTS_HEAD_TTL``); longer TTLs come first, as Anthropic requires. Markers use the shared extension: a
+  ``cache_control`` key on a content part (string content becomes one text part) or on a tool.
+- ``openai`` routes: when the client set no ``prompt_cache_key``, set the prefix family key, so
+  requests sharing a prefix are routed to the same cache machine. ``user`` is left as sent
+  (billing and audit see it); the key simply does not include it.
+- ``local`` routes: nothing; the engine keeps its own prefix cache.
+
+The prefix family (``prefix_family_key``) hashes the tenant, the model, the set of tool names and
+the system prompt with volatile values and passage bodies masked, so the usual cache-breakers
+do not split a family: the cache-break diagnostics compare requests within one family.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from policies.provider_limits import ANTHROPIC_MAX_BREAKPOINTS, anthropic_min_tokens
+from policies.request import (
+    SYSTEM_ROLES,
+    content_text,
+    content_texts,
+    is_empty_content,
+    role_of,
+    tool_function_name,
+)
+from policies.tokens import TOKENS_FOR_REPLY, count_message, count_tool
+from policies.volatile import has_volatile, is_volatile_note, mask_volatile
+
+_PASSAGE_BODY = re.compile(r"(<passage\b[^>]*>).*?(</passage>)", re.DOTALL)
+
+
+def _digest(data: str, size: int) -> str:
+    return hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
+
+
+def prefix_family_key(body: dict, tenant: str, model: str) -> str:
+    """``ft-<tenant hash 8>-<prefix shape hash 12>``: a stable name for a prompt's prefix family."""
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    names = sorted(tool_function_name(tool) for tool in tools)
+    system_texts = []
+    for message in body.get("messages") or ():
+        if role_of(message) not in SYSTEM_ROLES:
+            break
+        text = mask_volatile(content_text(message.get("content")))
+        if "<passage" in text:
+            text = _PASSAGE_BODY.sub(r"\1\2", text)
+        system_texts.append(text)
+    if "messages" not in body and isinstance(body.get("prompt"), str):
+        system_texts.append(mask_volatile(body["prompt"][:2048]))
+    shape = "\x1f".join([model, "\x1e".join(names), "\x1e".join(system_texts)])
+    return f"ft-{_digest(tenant, 4)}-{_digest(shape, 6)}"
+
+
+def has_cache_control(body: dict) -> bool:
+    if body.get("cache_control") is not None:
+        return True
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("cache_control") is not None:
+            return True
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        if message.get("cache_control") is not None:
+            return True
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("cache_control") is not None for part in content
+        ):
+            return True
+    return False
+
+
+def _marker(ttl: str) -> dict:
+    return {"type": "ephemeral", "ttl": ttl} if ttl != "5m" else {"type": "ephemeral"}
+
+
+def _mark_content(content: Any, marker: dict) -> Any:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content, "cache_control": marker}]
+    parts = list(content)
+    parts[-1] = {**parts[-1], "cache_control": marker}
+    return parts
+
+
+def _breakpoint_messages(messages: list[Any]) -> tuple[int | None, int | None, int | None]:
+    """Indices of the end of the system prompt, of the previous turn and of the last stable message."""
+    system_end = None
+    for index, message in enumerate(messages):
+        if role_of(message) not in SYSTEM_ROLES:
+            break
+        system_end = index
+    stable = [
+        index for index, message in enumerate(messages)
+        if not is_volatile_note(message) and isinstance(message, dict)
+        and not is_empty_content(message.get("content"))
+    ]
+    last_stable = stable[-1] if stable else None
+    previous_turn = None
+    if last_stable is not None:
+        for index in range(last_stable - 1, -1, -1):
+            if role_of(messages[index]) == "assistant":
+                before = index - 1
+                if before in stable and role_of(messages[before]) in ("user", "tool"):
+                    previous_turn = before
+                break
+    return system_end, previous_turn, last_stable
+
+
+def _system_has_volatile(messages: list[Any]) -> bool:
+    for message in messages:
+        if role_of(message) not in SYSTEM_ROLES or is_volatile_note(message):
+            return False
+        if any(has_volatile(text) for text in content_texts(message.get("content"))):
+            return True
+    return False
+
+
+def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[dict, list[str]]:
+    """Return the body with breakpoints added, and where they went (e.g. ``["tools", "messages[4]"]``)."""
+    minimum = anthropic_min_tokens(model)
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    prefix = TOKENS_FOR_REPLY + sum(count_tool(tool) for tool in tools)
+    placed: list[str] = []
+    result = dict(body)
+    if tools and prefix >= minimum and isinstance(tools[-1], dict):
+        result["tools"] = [*tools[:-1], {**tools[-1], "cache_control": _marker(head_ttl)}]
+        placed.append("tools")
+    system_end, previous_turn, last_stable = _breakpoint_messages(messages)
+    if _system_has_volatile(messages):
+        # A clock or request id in the system prompt changes the prefix on every request: a
+        # breakpoint after it would pay for a cache write that no later request can read.
+        return result, placed
+    targets: dict[int, str] = {}
+    if system_end is not None and not is_empty_content(messages[system_end].get("content")):
+        targets[system_end] = head_ttl
+    for index in (previous_turn, last_stable):
+        if index is not None:
+            targets.setdefault(index, "5m")
+    if targets:
+        new_messages = list(messages)
+        for index, message in enumerate(messages):
+            prefix += count_message(message)
+            ttl = targets.get(index)
+            if ttl is None or prefix < minimum or len(placed) >= ANTHROPIC_MAX_BREAKPOINTS:
+                continue
+            new_messages[index] = {**message, "content": _mark_content(message["content"], _marker(ttl))}
+            placed.append(f"messages[{index}]")
+        result["messages"] = new_messages
+    return result, placed
+
+
+class CacheHintsPolicy:
+    name = "cache_hints"
+
+    def __init__(self, head_ttl: str = "5m") -> None:
+        self.head_ttl = head_ttl
+
+    def apply(self, body: dict, ctx: Any) -> tuple[dict, dict]:
+        notes: dict[str, Any] = {}
+        if ctx.route_kind == "openai":
+            if body.get("prompt_cache_key") is None:
+                key = prefix_family_key(body, ctx.tenant, ctx.model)
+                notes["prompt_cache_key"] = key
+                return {**body, "prompt_cache_key": key}, notes
+            return dict(body), notes
+        if ctx.route_kind == "anthropic" and ctx.endpoint == "chat":
+            if has_cache_control(body):
+                notes["client_breakpoints"] = True
+                return dict(body), notes
+            result, placed = add_anthropic_breakpoints(body, ctx.model, self.head_ttl)
+            if placed:
+                notes["breakpoints"] = placed
+            return result, notes
+        return dict(body), notes

@@ -1,0 +1,114 @@
+"""The policy chain: run the configured policies in order and report what they did.
+
+Built once at start-up by ``build_chain`` (where every option is validated), then called on
+every request. Pure and synchronous: no I/O, and the input body is never mutated. The output is a
+new top-level dict; objects a policy did not change may be shared with the input, so treat both
+as read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from policies.cache_hints import CacheHintsPolicy, prefix_family_key
+from policies.canonicalize import CanonicalizePolicy
+from policies.config import POLICY_NAMES, PolicyConfigError, PolicyOptions, parse_options
+from policies.diagnostics import PrefixFingerprints
+from policies.slim import SlimPolicy
+from policies.tokens import TOKENS_FOR_REPLY, count_message, count_request_tokens
+from policies.volatile import is_volatile_note
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    endpoint: str  # "chat" | "completions"
+    route_kind: str  # "openai" | "anthropic" | "local"
+    model: str  # the model name as the upstream will see it
+    tenant: str
+
+
+@dataclass
+class PolicyResult:
+    body: dict
+    applied: list[str]
+    prompt_tokens_before: int
+    prompt_tokens_after: int
+    cache_key: str | None
+    fingerprints: PrefixFingerprints | None
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def prompt_tokens_saved(self) -> int:
+        return self.prompt_tokens_before - self.prompt_tokens_after
+
+
+class Policy(Protocol):
+    name: str
+
+    def apply(self, body: dict, ctx: PolicyContext) -> tuple[dict, dict]: ...
+
+
+class PolicyChain:
+    """An ordered list of policies with their validated options."""
+
+    def __init__(self, policies: Sequence[Policy], options: PolicyOptions) -> None:
+        self.policies = tuple(policies)
+        self.names: tuple[str, ...] = tuple(policy.name for policy in self.policies)
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"PolicyChain({', '.join(self.names) or 'none'})"
+
+    def apply(self, body: dict, ctx: PolicyContext, *, fingerprints: bool = True) -> PolicyResult:
+        """Transform ``body``; ``fingerprints=False`` skips the diagnostics fingerprints."""
+        before = count_request_tokens(body)
+        current = dict(body)
+        notes: dict[str, Any] = {}
+        for policy in self.policies:
+            current, policy_notes = policy.apply(current, ctx)
+            if policy_notes:
+                notes[policy.name] = policy_notes
+        prints = PrefixFingerprints.from_body(current) if fingerprints else None
+        client_key = current.get("prompt_cache_key")
+        cache_key = client_key if isinstance(client_key, str) and client_key else \
+            prefix_family_key(current, ctx.tenant, ctx.model)
+        return PolicyResult(
+            body=current,
+            applied=list(self.names),
+            prompt_tokens_before=before,
+            prompt_tokens_after=_tokens_after(current, prints),
+            cache_key=cache_key,
+            fingerprints=prints,
+            notes=notes,
+        )
+
+
+def _tokens_after(body: dict, prints: PrefixFingerprints | None) -> int:
+    """``count_request_tokens(body)``, reusing the per-block counts the fingerprints already hold."""
+    messages = body.get("messages")
+    if prints is None or not isinstance(messages, list):
+        return count_request_tokens(body)
+    counted = sum(block.tokens for block in prints.blocks if block.kind != "params")
+    notes = sum(count_message(message) for message in messages if is_volatile_note(message))
+    return TOKENS_FOR_REPLY + counted + notes
+
+
+def build_chain(names: Sequence[str], options: Mapping[str, str]) -> PolicyChain:
+    """Validate ``options`` (environment-style strings, keys without FIRSTTOKEN_) and build the chain."""
+    parsed = parse_options(options)
+    policies: list[Policy] = []
+    for name in names:
+        if name == "slim":
+            policies.append(SlimPolicy(parsed.slim))
+        elif name == "canonicalize":
+            policies.append(CanonicalizePolicy(parsed.canonicalize))
+        elif name == "cache_hints":
+            policies.append(CacheHintsPolicy(parsed.cache_hints.head_ttl))
+        else:
+            known = ", ".join(POLICY_NAMES)
+            raise PolicyConfigError(f"FIRSTTOKEN_POLICIES: unknown policy {name!r} (known: {known})")
+    if len(set(names)) != len(names):
+        raise PolicyConfigError(f"FIRSTTOKEN_POLICIES: a policy is listed twice in {list(names)}")
+    return PolicyChain(policies, parsed)

@@ -1,0 +1,143 @@
+"""Policy names and option parsing, validated once at start-up.
+
+Every setting reaches us as a raw environment string. Parsing it here, before the first request,
+means a typo such as ``FIRSTTOKEN_SLIM_MINIFY_JSN`` stops the gateway with a message that names
+the variable, instead of silently running without the opt-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "FIRSTTOKEN_"
+POLICY_NAMES: tuple[str, ...] = ("slim", "canonicalize", "cache_hints")
+# Every policy in the default chain runs only its safe parts unless an opt-in is set.
+DEFAULT_POLICIES: tuple[str, ...] = ("slim", "canonicalize", "cache_hints")
+_NO_POLICIES = "none"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+CACHE_TTLS = ("5m", "1h")
+
+
+class PolicyConfigError(ValueError):
+    """A policy setting is invalid; the message names the variable and what is wrong."""
+
+
+@dataclass(frozen=True)
+class SlimOptions:
+    minify_json: bool = False
+    dedupe_passages: bool = False
+    max_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class CanonicalizeOptions:
+    sort_tools: bool = False
+    sort_schema_keys: bool = False
+    volatile: bool = False
+    sort_passages: bool = False
+
+
+@dataclass(frozen=True)
+class CacheHintsOptions:
+    # TTL of the Anthropic breakpoints on tools and system prompt; messages always use 5m.
+    head_ttl: str = "5m"
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    slim: SlimOptions = SlimOptions()
+    canonicalize: CanonicalizeOptions = CanonicalizeOptions()
+    cache_hints: CacheHintsOptions = CacheHintsOptions()
+
+
+# option key (without FIRSTTOKEN_) -> (policy, field, kind)
+_OPTION_SPECS: dict[str, tuple[str, str, str]] = {
+    "SLIM_MINIFY_JSON": ("slim", "minify_json", "bool"),
+    "SLIM_DEDUPE_PASSAGES": ("slim", "dedupe_passages", "bool"),
+    "SLIM_MAX_PROMPT_TOKENS": ("slim", "max_prompt_tokens", "positive_int"),
+    "CANONICALIZE_SORT_TOOLS": ("canonicalize", "sort_tools", "bool"),
+    "CANONICALIZE_SORT_SCHEMA_KEYS": ("canonicalize", "sort_schema_keys", "bool"),
+    "CANONICALIZE_VOLATILE": ("canonicalize", "volatile", "bool"),
+    "CANONICALIZE_SORT_PASSAGES": ("canonicalize", "sort_passages", "bool"),
+    "CACHE_HINTS_HEAD_TTL": ("cache_hints", "head_ttl", "ttl"),
+}
+KNOWN_OPTIONS: tuple[str, ...] = tuple(_OPTION_SPECS)
+_POLICY_PREFIXES = tuple(name.upper() + "_" for name in POLICY_NAMES)
+
+
+def parse_policy_list(value: str | None, *, source: str = "FIRSTTOKEN_POLICIES") -> tuple[str, ...]:
+    """Parse an ordered, comma-separated policy list; ``None`` means unset (the default chain).
+
+    ``source`` names where the value came from (the variable, a route, a header) for the error.
+    """
+    if value is None:
+        return DEFAULT_POLICIES
+    names = [part.strip().lower() for part in value.split(",")]
+    names = [name for name in names if name]
+    if not names or names == [_NO_POLICIES]:
+        return ()
+    seen: list[str] = []
+    for name in names:
+        if name == _NO_POLICIES:
+            raise PolicyConfigError(f"{source}: 'none' cannot be combined with other policies, got {value!r}")
+        if name not in POLICY_NAMES:
+            known = ", ".join(POLICY_NAMES)
+            raise PolicyConfigError(f"{source}: unknown policy {name!r} (known: {known}), got {value!r}")
+        if name in seen:
+            raise PolicyConfigError(f"{source}: policy {name!r} listed twice, got {value!r}")
+        seen.append(name)
+    return tuple(seen)
+
+
+def parse_options(options: Mapping[str, str]) -> PolicyOptions:
+    """Validate every policy option in ``options`` (keys without the FIRSTTOKEN_ prefix).
+
+    Keys that belong to no policy are ignored (the caller may pass the whole environment);
+    keys that start with a policy's prefix but name no known option are rejected as typos.
+    """
+    fields: dict[str, dict[str, object]] = {name: {} for name in POLICY_NAMES}
+    for raw_key, raw_value in options.items():
+        key = raw_key.upper()
+        if key.startswith(ENV_PREFIX):
+            key = key[len(ENV_PREFIX):]
+        spec = _OPTION_SPECS.get(key)
+        if spec is None:
+            if key.startswith(_POLICY_PREFIXES):
+                known = ", ".join(ENV_PREFIX + k for k in KNOWN_OPTIONS)
+                raise PolicyConfigError(f"{ENV_PREFIX}{key}: unknown policy option (known: {known})")
+            continue
+        policy, field, kind = spec
+        fields[policy][field] = _parse_value(ENV_PREFIX + key, raw_value, kind)
+    return PolicyOptions(
+        slim=SlimOptions(**fields["slim"]),  # type: ignore[arg-type]
+        canonicalize=CanonicalizeOptions(**fields["canonicalize"]),  # type: ignore[arg-type]
+        cache_hints=CacheHintsOptions(**fields["cache_hints"]),  # type: ignore[arg-type]
+    )
+
+
+def _parse_value(variable: str, raw: str, kind: str) -> object:
+    text = str(raw).strip()
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise PolicyConfigError(f"{variable}: expected true or false, got {raw!r}")
+    if kind == "positive_int":
+        if text == "":
+            return None
+        try:
+            number = int(text)
+        except ValueError:
+            number = 0
+        if number <= 0:
+            raise PolicyConfigError(f"{variable}: expected a positive integer, got {raw!r}")
+        return number
+    if kind == "ttl":
+        if text not in CACHE_TTLS:
+            raise PolicyConfigError(f"{variable}: expected one of {', '.join(CACHE_TTLS)}, got {raw!r}")
+        return text
+    raise AssertionError(f"unknown option kind {kind}")

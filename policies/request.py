@@ -1,0 +1,100 @@
+"""Read and rewrite the text inside an OpenAI-format request without mutating it.
+
+A message's ``content`` is a string, a list of content parts, or ``None``. Policies only ever
+rewrite text (``{"type": "text"}`` parts and string content); images, audio and files pass through.
+Rewrites are copy-on-write: unchanged objects are shared with the input, changed ones are new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+SYSTEM_ROLES = ("system", "developer")
+# Keys whose presence means a message carries something besides its content.
+_PAYLOAD_KEYS = ("tool_calls", "function_call", "audio", "refusal")
+
+
+def is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def content_texts(content: Any) -> Iterator[str]:
+    """Yield every text of a message content, in order."""
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for part in content:
+            if is_text_part(part):
+                yield part["text"]
+
+
+def content_text(content: Any) -> str:
+    return "\n".join(content_texts(content))
+
+
+def map_content_text(content: Any, rewrite: Callable[[str], str]) -> Any:
+    """Apply ``rewrite`` to each text of ``content``; return ``content`` itself when nothing changed."""
+    if isinstance(content, str):
+        return rewrite(content)
+    if not isinstance(content, list):
+        return content
+    parts: list[Any] | None = None
+    for index, part in enumerate(content):
+        if not is_text_part(part):
+            continue
+        new_text = rewrite(part["text"])
+        if new_text != part["text"]:
+            if parts is None:
+                parts = list(content)
+            parts[index] = {**part, "text": new_text}
+    return content if parts is None else parts
+
+
+def map_message_text(message: Any, rewrite: Callable[[str], str]) -> Any:
+    if not isinstance(message, dict) or "content" not in message:
+        return message
+    content = message["content"]
+    new_content = map_content_text(content, rewrite)
+    if new_content is content:
+        return message
+    return {**message, "content": new_content}
+
+
+def is_empty_content(content: Any) -> bool:
+    if content is None:
+        return True
+    if isinstance(content, str):
+        return not content or content.isspace()
+    if isinstance(content, list):
+        return all(is_text_part(part) and (not part["text"] or part["text"].isspace()) for part in content)
+    return False
+
+
+def carries_payload(message: dict) -> bool:
+    """True when a message holds tool calls, audio or a refusal besides its content."""
+    return any(message.get(key) for key in _PAYLOAD_KEYS)
+
+
+def messages_of(body: dict) -> list[Any] | None:
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) else None
+
+
+def tools_of(body: dict) -> list[Any] | None:
+    tools = body.get("tools")
+    return tools if isinstance(tools, list) else None
+
+
+def role_of(message: Any) -> str | None:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+def tool_function_name(tool: Any) -> str:
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return function["name"]
+        if isinstance(tool.get("name"), str):
+            return tool["name"]
+    return ""

