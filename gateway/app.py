@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None,
 
     async def readyz(request: Request) -> Response:
         ready = gateway.ready()
-        return json_response({"ready": ready, "routes": [r.name for r in gateway.table.routes]},
+        return json_response({"ready": ready, "routes": gateway.route_states()},
                              200 if ready else 503)
 
     async def other_v1(request: Request) -> Response:

@@ -11,6 +11,7 @@ import uuid
 from typing import Mapping
 
 from policies import PolicyContext
+from policies.tokens import warm_up as warm_up_tokens
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -81,6 +82,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.telemetry.start()
+        self._warmups.append(asyncio.ensure_future(asyncio.to_thread(warm_up_tokens)))
         for name, upstream in self.upstreams.items():
             self._started[name] = asyncio.ensure_future(self._start_upstream(upstream))
 
@@ -90,18 +92,33 @@ class Gateway:
 
     async def upstream_ready(self, name: str) -> None:
         task = self._started.get(name)
-        if task is not None and not task.done():
-            try:
-                await task
-            except Exception as exc:
-                raise GatewayError(503, f"route {name!r} failed to start: {exc}") from None
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)  # a client that leaves must not cancel the start-up
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise GatewayError(503, f"route {name!r} failed to start: {exc}") from None
+
+    def route_states(self) -> dict[str, str]:
+        states = {}
+        for name, task in self._started.items():
+            if not task.done():
+                states[name] = "starting"
+            elif task.cancelled() or task.exception() is not None:
+                states[name] = "failed: " + (repr(task.exception()) if not task.cancelled() else "cancelled")
+            else:
+                states[name] = "ready"
+        return states
 
     def ready(self) -> bool:
-        return bool(self.upstreams) and all(
-            t.done() and t.exception() is None for t in self._started.values())
+        tasks = [*self._started.values(), *self._warmups]
+        return bool(self.upstreams) and bool(tasks) and all(
+            t.done() and not t.cancelled() and t.exception() is None for t in tasks)
 
     async def aclose(self) -> None:
-        for task in self._started.values():
+        for task in [*self._started.values(), *self._warmups]:
             task.cancel()
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
         await self.telemetry.aclose()

@@ -23,7 +23,8 @@ TOKENS_FOR_REPLY = 3
 # provider-side processing we cannot see.
 TOKENS_PER_MEDIA_PART = 85
 
-_text_counts: BoundedLRU[int] = BoundedLRU(max_entries=200_000, max_weight=64_000_000)
+# Bounded by characters held (the keys are the texts): about 8 MB of text at most.
+_text_counts: BoundedLRU[int] = BoundedLRU(max_entries=100_000, max_weight=8_000_000)
 _encoding: Any = None
 
 
@@ -32,8 +33,18 @@ def _get_encoding() -> Any:
     if _encoding is None:
         import tiktoken
 
-        _encoding = tiktoken.get_encoding(ENCODING_NAME)
+        encoding = tiktoken.get_encoding(ENCODING_NAME)
+        # The Python-side rank table (~10 MB) is only read when pickling an Encoding; the Rust
+        # core keeps its own copy for encoding. Dropping it keeps the gateway under 100 MB.
+        if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
+            encoding._mergeable_ranks = {}
+        _encoding = encoding
     return _encoding
+
+
+def warm_up() -> None:
+    """Load the encoding now (about 0.2 s), so the first request does not pay for it."""
+    _get_encoding().encode_ordinary("warm up")
 
 
 def count_text(text: str) -> int:

@@ -11,9 +11,12 @@ backoff, and a short socket timeout keeps a hung Redis from holding it for long.
 
 from __future__ import annotations
 
+import asyncio
+
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -34,6 +37,10 @@ for i = 3, last_int, 2 do redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]) end
 for i = last_int + 1, #ARGV, 2 do redis.call('HINCRBYFLOAT', key, ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIREAT', key, ARGV[1])
 """
+
+
+# Server replies that mean "not now", after which the same batch may be retried whole.
+RETRYABLE_REPLIES = ("EXECABORT", "OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN")
 
 
 def connect(url: str, *, timeout_s: float = 1.0) -> aioredis.Redis:
@@ -104,6 +111,13 @@ class RedisStore:
 
     async def get_blob(self, tenant: str, family: str) -> bytes | None:
         return await self.client.get(self.keys.fingerprints(tenant, family))
+
+    def is_transient(self, exc: BaseException) -> bool:
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                            OSError, asyncio.TimeoutError)):
+            return True
+        return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+            RETRYABLE_REPLIES)
 
     async def aclose(self) -> None:
         await self.client.aclose()

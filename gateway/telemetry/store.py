@@ -7,6 +7,8 @@ why the in-process store and Redis give the same report for the same events.
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 from typing import Mapping, Protocol
 
@@ -26,7 +28,14 @@ class Store(Protocol):
 
     async def get_blob(self, tenant: str, family: str) -> bytes | None: ...
 
+    def is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, (OSError, asyncio.TimeoutError))
+
     async def aclose(self) -> None: ...
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """True for a failure after which the same batch may be retried whole."""
+        ...
 
 
 class MemoryStore:
@@ -77,6 +86,9 @@ class MemoryStore:
         if entry is None or entry[1] <= time.time():
             return None
         return entry[0]
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, (OSError, asyncio.TimeoutError))
 
     async def aclose(self) -> None:
         return None

@@ -16,7 +16,6 @@ from typing import Mapping
 from .event import RequestEvent
 from .keys import KeySpace
 from .prometheus import PrometheusMetrics
-from .redis_store import RedisStore, connect
 from .report import SloConfig, tenant_report
 from .store import MemoryStore, Store
 from .writer import BatchWriter
@@ -71,6 +70,8 @@ class Telemetry:
             raise ValueError("retention_s must be positive")
         store: Store
         if redis_url and enabled:
+            from .redis_store import RedisStore, connect  # redis-py only when Redis is used
+
             store = RedisStore(connect(redis_url), KeySpace(key_prefix), retention_s)
         else:
             store = MemoryStore(retention_s)

@@ -16,8 +16,6 @@ from collections import deque
 from itertools import islice
 from typing import Callable
 
-import redis.exceptions
-
 from .aggregate import Aggregate, fold_event
 from .event import RequestEvent
 from .store import Store
@@ -27,19 +25,6 @@ log = logging.getLogger("firsttoken.telemetry")
 BLOBS_MAX = 1024  # distinct (tenant, family) fingerprint blobs waiting to be written
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
-
-# Server replies that mean "not now", after which the same batch may be retried whole.
-_RETRYABLE_REPLIES = ("EXECABORT", "OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN")
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        return True
-    if isinstance(exc, (OSError, asyncio.TimeoutError)):
-        return True
-    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
-        _RETRYABLE_REPLIES
-    )
 
 
 class BatchWriter:
@@ -119,7 +104,7 @@ class BatchWriter:
         try:
             await self.store.write(aggregate, blobs)
         except Exception as exc:
-            if _is_transient(exc):
+            if self._store.is_transient(exc):
                 raise
             log.error(
                 "telemetry batch of %d events could not be written, dropped: %r", len(taken), exc

@@ -1,0 +1,86 @@
+"""The bundled engine behind the gateway: the `local` route kind and the no-configuration default."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine_backend.demo import RandomModelSpec, write_random_model
+from gateway.settings import Settings
+from tests.gateway.servers import GatewayThread
+
+TINY = RandomModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
+                       tokenizer_vocab_size=300)
+LONG = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    write_random_model(str(path), TINY)
+    return str(path)
+
+
+def local_route(path: str) -> dict:
+    return {"name": "engine", "models": ["*"], "kind": "local", "model_path": path}
+
+
+def sdk(gw, key: str = "k") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def stream_usage(client: openai.OpenAI, content: str):
+    chunks = list(client.chat.completions.create(
+        model="tiny", stream=True, max_tokens=4, temperature=0, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": content}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks[-1].usage
+
+
+def test_local_route_streams_and_reports_prefix_cache_hits(tiny_model, make_gateway):
+    gw = make_gateway([local_route(tiny_model)])
+    gw.wait_ready()
+    c = sdk(gw)
+    cold_text, cold = stream_usage(c, LONG)
+    warm_text, warm = stream_usage(c, LONG)
+    assert cold_text == warm_text and cold.completion_tokens >= 1
+    assert cold.prompt_tokens_details.cached_tokens == 0
+    assert warm.prompt_tokens_details.cached_tokens >= 64
+    resp = c.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
+                                     messages=[{"role": "user", "content": LONG}])
+    assert resp.choices[0].message.content == cold_text
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="tiny", n=2, messages=[{"role": "user", "content": "x"}])
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        routes = httpx.get(gw.url + "/v1/metrics/ttft").json()["routes"]
+        if routes and routes[0]["count"] >= 2:
+            break
+        time.sleep(0.05)
+    assert routes[0]["route"] == "engine" and routes[0]["cached_prompt_tokens"] >= 64
+
+
+def test_tenant_isolation_reaches_the_engine(tiny_model, make_gateway):
+    gw = make_gateway([local_route(tiny_model)], tenant_keys="a:key-a,b:key-b",
+                      engine_isolate_tenants=True)
+    gw.wait_ready()
+    stream_usage(sdk(gw, "key-a"), LONG)
+    assert stream_usage(sdk(gw, "key-b"), LONG)[1].prompt_tokens_details.cached_tokens == 0
+    assert stream_usage(sdk(gw, "key-a"), LONG)[1].prompt_tokens_details.cached_tokens >= 64
+
+
+def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIRSTTOKEN_CACHE_DIR", str(tmp_path))
+    with GatewayThread(Settings(), {}) as gw:
+        gw.wait_ready(120)
+        models = sdk(gw).models.list().data
+        assert [m.id for m in models] == ["firsttoken-demo-random"]
+        assert "random" in models[0].model_extra["description"].lower()
+        _, first = stream_usage(sdk(gw), LONG)
+        _, second = stream_usage(sdk(gw), LONG)
+        assert second.prompt_tokens_details.cached_tokens > 0
