@@ -1,0 +1,286 @@
+"""The engine loop in its own thread, and one async stream of outputs per request.
+
+LLMEngine is single-threaded and its `step()` blocks for a whole forward pass, so it
+runs in a dedicated thread while asyncio serves HTTP. Requests and aborts reach the
+thread through a lock-free inbox; outputs come back through each request's asyncio
+queue via `loop.call_soon_threadsafe`. Detokenization and stop strings are handled in
+the thread too, so a matched stop string aborts the sequence before the next step
+spends time on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from engine_backend.sampling import SamplingParams
+from engine_backend.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# How long the idle thread sleeps before looking at its stop flag again.
+IDLE_WAIT_S = 0.05
+
+
+class EngineClosedError(RuntimeError):
+    """The engine thread stopped (shutdown or a failed step) before the request finished."""
+
+
+@dataclass
+class RequestOutput:
+    """What one engine step produced for one request: new tokens and the text they complete."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+
+
+@dataclass
+class _Tracked:
+    """Engine-thread state of one live request."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    detokenizer: IncrementalDetokenizer | None
+    stop: list[str]
+    text: str = ""
+    sent: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+def _stop_hold_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters could still grow into a stop string (not sent yet)."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Earliest index at or after `start` where any stop string begins, or None."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+class RequestStream:
+    """Async iterator over one request's outputs. Closing it early aborts the request,
+    which frees its KV blocks in the engine at once."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, queue: asyncio.Queue) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self._done = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    def abort(self) -> None:
+        """Stop the request now (synchronous, safe inside `finally` during cancellation)."""
+        if not self._done:
+            self._done = True
+            self._engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+
+class AsyncEngine:
+    """Runs an LLMEngine in a background thread and serves per-request async streams."""
+
+    def __init__(self, engine: Any, tokenizer: Tokenizer | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._wakeup = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tracked: dict[str, _Tracked] = {}
+        self._ids = itertools.count()
+        self._start_lock = threading.Lock()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread; calling it again is harmless."""
+        with self._start_lock:
+            if self.is_running:
+                return
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name="firsttoken-engine",
+                                            daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the thread after its current step; pending requests get EngineClosedError."""
+        self._stopping.set()
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("engine thread did not stop within %.0f s", timeout)
+            self._thread = None
+
+    async def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
+                          stop: list[str] | None = None, cache_salt: str | None = None,
+                          request_id: str | None = None) -> RequestStream:
+        """Hand a request to the engine and wait until it accepts it.
+
+        Waiting for acceptance costs no first-token time (a token needs a step after
+        acceptance anyway) and lets the engine's validation errors (ValueError) reach
+        the caller before any output has been sent.
+        """
+        if not self.is_running:
+            raise EngineClosedError("engine is not running; call start() first")
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        loop = asyncio.get_running_loop()
+        request_id = request_id or f"req-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        accepted: asyncio.Future = loop.create_future()
+        detokenizer = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+                       if self.tokenizer is not None else None)
+        tracked = _Tracked(loop=loop, queue=queue, detokenizer=detokenizer,
+                           stop=[s for s in (stop or []) if s])
+        self._post("add", (request_id, list(prompt_token_ids), params, cache_salt, tracked,
+                           accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        return RequestStream(self, request_id, queue)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to drop a request; its blocks are freed before the next step."""
+        self._post("abort", request_id)
+
+    # -- engine thread -------------------------------------------------------------------
+
+    def _post(self, kind: str, payload: Any) -> None:
+        self._inbox.append((kind, payload))
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wakeup.clear()
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                self._wakeup.wait(IDLE_WAIT_S)
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a failed step must not hang every client
+                logger.exception("engine step failed")
+                self._fail_all(EngineClosedError(f"engine step failed: {exc}"))
+                continue
+            for output in outputs:
+                self._deliver(output)
+        self._drain_inbox()
+        self._fail_all(EngineClosedError("engine shut down"))
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "add":
+                self._accept(*payload)
+            else:
+                self._abort_now(payload)
+
+    def _accept(self, request_id: str, prompt: list[int], params: SamplingParams,
+                cache_salt: str | None, tracked: _Tracked, accepted: asyncio.Future) -> None:
+        error: BaseException | None = None
+        try:
+            self.engine.add_request(request_id, prompt, params, cache_salt=cache_salt)
+            self._tracked[request_id] = tracked
+        except Exception as exc:
+            error = exc
+        self._call_in_loop(tracked.loop, _settle, accepted, error)
+
+    def _abort_now(self, request_id: str) -> None:
+        if self._tracked.pop(request_id, None) is None:
+            return
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            logger.exception("abort of %s failed", request_id)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, tracked in list(self._tracked.items()):
+            self._abort_now(request_id)
+            self._call_in_loop(tracked.loop, tracked.queue.put_nowait, error)
+
+    def _deliver(self, out: Any) -> None:
+        tracked = self._tracked.get(out.request_id)
+        if tracked is None:  # aborted by us; the engine may still report it once
+            return
+        tracked.num_output_tokens += len(out.new_token_ids)
+        tracked.num_cached_tokens = out.num_cached_tokens
+        finished, reason = out.finished, out.finish_reason
+        if tracked.detokenizer is not None:
+            tracked.text += tracked.detokenizer.add(out.new_token_ids)
+            if finished:
+                tracked.text += tracked.detokenizer.flush()
+        end = len(tracked.text)
+        if tracked.stop:
+            longest = max(len(s) for s in tracked.stop)
+            hit = _find_stop(tracked.text, tracked.stop, max(0, tracked.sent - longest + 1))
+            if hit is not None:
+                end = hit
+                if not finished:
+                    self._abort_now(out.request_id)
+                finished, reason = True, "stop"
+            elif not finished:
+                end -= _stop_hold_back(tracked.text, tracked.stop)
+        text = tracked.text[tracked.sent:end]
+        tracked.sent = max(tracked.sent, end)
+        if finished:
+            self._tracked.pop(out.request_id, None)
+        result = RequestOutput(
+            request_id=out.request_id, text=text, token_ids=list(out.new_token_ids),
+            finished=finished, finish_reason=reason, num_prompt_tokens=out.num_prompt_tokens,
+            num_cached_tokens=out.num_cached_tokens, num_output_tokens=tracked.num_output_tokens)
+        self._call_in_loop(tracked.loop, tracked.queue.put_nowait, result)
+
+    @staticmethod
+    def _call_in_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the client's event loop is gone; nobody is listening
+            pass
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,191 @@
+"""The engine's own OpenAI-compatible HTTP server (Starlette + uvicorn).
+
+`firsttoken engine --model PATH | --demo` runs this: one process, one model, no gateway.
+Streams are written event by event as the engine produces them, never buffered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine_backend.openai_api import EngineRequestError, LocalEngine
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape, so SDKs raise their usual exception classes."""
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def _sse(payload: Any) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _tenant(request: Request) -> str | None:
+    """Without a gateway in front, the API key is the tenant (hashed: never kept as is)."""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:16]
+    return None
+
+
+async def _json_body(request: Request) -> dict:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise EngineRequestError(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise EngineRequestError("the request body must be a JSON object")
+    return body
+
+
+async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
+    """Start the stream, turning an error raised before the first chunk into a 400."""
+    try:
+        first = await chunks.__anext__()
+    except EngineRequestError as e:
+        return error_response(400, e.message, param=e.param)
+    except StopAsyncIteration:
+        first = None
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            if first is not None:
+                yield _sse(first)
+            async for chunk in chunks:
+                yield _sse(chunk)
+        except Exception as e:  # output has started: report in-stream, never retry
+            logger.exception("stream failed")
+            yield _sse({"error": {"message": f"engine error: {type(e).__name__}",
+                                  "type": "server_error", "param": None, "code": None}})
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _endpoint(engine: LocalEngine, stream_fn: Callable, full_fn: Callable) -> Callable:
+    async def handle(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            tenant = _tenant(request)
+            if body.get("stream"):
+                return await _stream_response(stream_fn(body, tenant=tenant))
+            return JSONResponse(await full_fn(body, tenant=tenant))
+        except EngineRequestError as e:
+            return error_response(400, e.message, param=e.param)
+    return handle
+
+
+def create_app(engine: LocalEngine) -> Starlette:
+    """The ASGI app; its lifespan starts and stops the engine thread."""
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": engine.model_cards()})
+
+    async def get_model(request: Request) -> Response:
+        for card in engine.model_cards():
+            if card["id"] == request.path_params["model_id"]:
+                return JSONResponse(card)
+        return error_response(404, f"model {request.path_params['model_id']!r} not found",
+                              param="model", code="model_not_found")
+
+    async def health(request: Request) -> Response:
+        running = engine.async_engine.is_running
+        return JSONResponse({"status": "ok" if running else "stopped"},
+                            status_code=200 if running else 503)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.status_code, exc.detail or "error", code=str(exc.status_code))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal server error", type_="server_error")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", _endpoint(engine, engine.chat_completion_stream,
+                                                engine.chat_completion), methods=["POST"]),
+        Route("/v1/completions", _endpoint(engine, engine.completion_stream,
+                                           engine.completion), methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/healthz", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="firsttoken engine",
+        description="Serve a model with firsttoken's engine on an OpenAI-compatible API.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="model folder or Hugging Face id")
+    source.add_argument("--demo", action="store_true",
+                        help="the built-in demo model (random weights, for trying things)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: auto)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="token budget per step (chunked prefill)")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--isolate-tenants", action="store_true",
+                        help="never share prefix-cache blocks between API keys")
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_kwargs = {name: value for name, value in (
+        ("max_num_batched_tokens", args.max_num_batched_tokens),
+        ("block_size", args.block_size), ("num_blocks", args.num_blocks),
+        ("max_model_len", args.max_model_len)) if value is not None}
+    try:
+        engine = LocalEngine.from_model(args.model, demo=args.demo, device=args.device,
+                                        dtype=args.dtype, isolate_tenants=args.isolate_tenants,
+                                        **engine_kwargs)
+    except (ValueError, OSError) as e:
+        print(f"firsttoken engine: {e}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    logger.info("serving %s on http://%s:%d/v1", engine.model_name, args.host, args.port)
+    uvicorn.run(create_app(engine), host=args.host, port=args.port,
+                log_level=args.log_level.lower())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The threaded engine loop: streams match the synchronous engine, aborts free blocks,
+stop strings cut the text and stop the sequence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from engine_backend.async_engine import AsyncEngine, EngineClosedError
+from engine_backend.config import EngineConfig
+from engine_backend.llm_engine import LLMEngine
+from engine_backend.sampling import SamplingParams
+from engine_backend.tokenizer import Tokenizer
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def make_engine(model_dir: str) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model_dir, num_blocks=128, block_size=16,
+                                  max_num_batched_tokens=256))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: str) -> LLMEngine:
+    return make_engine(tiny_model_dir)
+
+
+@pytest.fixture
+async def engine(tiny_model_dir: str):
+    tokenizer = Tokenizer(tiny_model_dir)
+    _text_ids[:] = tokenizer.encode(_ASCII_TEXT)
+    async_engine = AsyncEngine(make_engine(tiny_model_dir), tokenizer)
+    async_engine.start()
+    yield async_engine
+    await asyncio.to_thread(async_engine.shutdown)
+    assert not async_engine.is_running
+
+
+_ASCII_TEXT = " ".join(f"item{i} costs {i * 37 % 101} coins;" for i in range(400))
+_text_ids: list[int] = []
+
+
+def prompt(n: int, offset: int = 0) -> list[int]:
+    """n token ids of plain ASCII text, so the prompt ends on a whole character and the
+    streamed text can be compared with a plain decode of the output ids."""
+    assert _text_ids, "needs the engine fixture"
+    assert offset + n <= len(_text_ids)
+    return _text_ids[offset:offset + n]
+
+
+async def wait_all_blocks_free(engine: AsyncEngine, timeout: float = 5.0) -> None:
+    manager = engine.engine.block_manager
+    deadline = time.monotonic() + timeout
+    while manager.num_free_blocks != manager.num_total_blocks and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert manager.num_free_blocks == manager.num_total_blocks
+    assert engine.engine.requests == {}
+
+
+async def collect(engine: AsyncEngine, ids: list[int], params: SamplingParams, **kw):
+    stream = await engine.add_request(ids, params, **kw)
+    outputs = [out async for out in stream]
+    return outputs
+
+
+async def test_concurrent_streams_match_the_synchronous_engine(engine, reference) -> None:
+    prompts = [prompt(n, n) for n in (5, 40, 130, 300)]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = reference.generate(prompts, params)
+    results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
+    for outputs, want, p in zip(results, expected, prompts):
+        assert [t for out in outputs for t in out.token_ids] == want
+        assert [out.finished for out in outputs] == [False] * (len(outputs) - 1) + [True]
+        assert outputs[-1].finish_reason == "length"
+        assert outputs[-1].num_output_tokens == 12
+        assert outputs[-1].num_prompt_tokens == len(p)
+        text = "".join(out.text for out in outputs)
+        assert text == engine.tokenizer.decode(want)
+    await wait_all_blocks_free(engine)
+
+
+async def test_repeated_prompt_reports_cached_tokens(engine) -> None:
+    ids = prompt(100)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    first = await collect(engine, ids, params)
+    second = await collect(engine, ids, params)
+    assert first[-1].num_cached_tokens == 0
+    assert second[-1].num_cached_tokens == 96  # six full blocks; the last token is recomputed
+    assert [t for o in first for t in o.token_ids] == [t for o in second for t in o.token_ids]
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks_at_once(engine) -> None:
+    stream = await engine.add_request(prompt(200), SamplingParams(max_tokens=500, **GREEDY))
+    received = [await stream.__anext__() for _ in range(3)]
+    assert not received[-1].finished
+    manager = engine.engine.block_manager
+    assert manager.num_free_blocks < manager.num_total_blocks
+    await stream.aclose()
+    await wait_all_blocks_free(engine, timeout=2.0)
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+
+
+async def test_cancelled_consumer_aborts_the_request(engine) -> None:
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        stream = await engine.add_request(prompt(64), SamplingParams(max_tokens=500, **GREEDY))
+        try:
+            async for _ in stream:
+                got_one.set()
+        finally:
+            stream.abort()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_one.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_all_blocks_free(engine, timeout=2.0)
+
+
+async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -> None:
+    tok = engine.tokenizer
+    ids = prompt(20, 3)
+    full_ids = reference.generate([ids], SamplingParams(max_tokens=40, **GREEDY))[0]
+    full_text = tok.decode(full_ids)
+    # A stop string that straddles tokens, taken from the middle of the greedy output.
+    middle = len(tok.decode(full_ids[:20]))
+    stop = full_text[middle - 2:middle + 2]
+    cut = full_text.find(stop)
+    assert len(stop) == 4 and cut >= 0
+    outputs = await collect(engine, ids, SamplingParams(max_tokens=40, **GREEDY),
+                            stop=["never-in-output-\x00", stop])
+    text = "".join(o.text for o in outputs)
+    assert text == full_text[:cut]
+    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
+    assert outputs[-1].num_output_tokens < 40
+    # Text that could be the start of the stop string was held back, never sent early.
+    assert all(stop not in o.text for o in outputs)
+    await wait_all_blocks_free(engine)
+
+
+async def test_engine_validation_error_reaches_the_caller(engine) -> None:
+    with pytest.raises(ValueError, match="vocabulary"):
+        await engine.add_request([10_000_000], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="max_model_len"):
+        await engine.add_request(prompt(10), SamplingParams(max_tokens=5000))
+    outputs = await collect(engine, prompt(8), SamplingParams(max_tokens=3, **GREEDY))
+    assert outputs[-1].num_output_tokens == 3
+
+
+async def test_shutdown_fails_pending_streams(tiny_model_dir) -> None:
+    _text_ids[:] = Tokenizer(tiny_model_dir).encode(_ASCII_TEXT)
+    engine = AsyncEngine(make_engine(tiny_model_dir), Tokenizer(tiny_model_dir))
+    engine.start()
+    engine.start()  # idempotent
+    stream = await engine.add_request(prompt(30), SamplingParams(max_tokens=900, **GREEDY))
+    await stream.__anext__()
+    await asyncio.to_thread(engine.shutdown)
+    with pytest.raises(EngineClosedError):
+        async for _ in stream:
+            pass
+    with pytest.raises(EngineClosedError):
+        await engine.add_request(prompt(3), SamplingParams(max_tokens=1))
