@@ -58,11 +58,12 @@ class PolicyRunner:
         return tuple(route.policies) if route.policies is not None else self.default_names
 
     def apply(self, names: tuple[str, ...], body: dict, ctx: PolicyContext) -> PolicyResult | None:
-        """None when no policy runs or a policy fails: a broken policy degrades itself, not the request."""
+        """Transform only; the result's report is measured later, off the first-token path.
+        None when no policy runs or a policy fails: a broken policy degrades itself, not the request."""
         if not names:
             return None
         try:
-            return self._chain(names).apply(body, ctx)
+            return self._chain(names).transform(body, ctx)
         except PolicyConfigError:
             raise
         except Exception:
@@ -70,21 +71,34 @@ class PolicyRunner:
             return None
 
 
-async def prefix_break_headers(telemetry, tenant: str, result: PolicyResult,
-                               previous_task) -> dict[str, str]:
-    """Compare this request's prefix fingerprints with the family's last ones, then store these."""
-    if previous_task is None or result.fingerprints is None or not result.cache_key:
-        return {}
-    previous_blob = await previous_task
-    telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
-    if previous_blob is None:
-        return {}
+async def report_headers(telemetry, tenant: str, result: PolicyResult) -> dict[str, str]:
+    """Measure what the policies did and compare this request's prefix fingerprints with the
+    family's last ones, then store these. Runs while the upstream request is in flight;
+    degrades to fewer headers rather than fail a request."""
     try:
-        previous = PrefixFingerprints.from_bytes(previous_blob)
+        result.measure(fingerprints=telemetry.enabled)
     except Exception:
+        log.exception("measuring the policy result failed")
         return {}
-    found = find_prefix_break(previous, result.fingerprints)
-    if found is not None:
-        telemetry.record_prefix_break(tenant, found.kind)
-        return {"x-firsttoken-prefix-break": found.location}
-    return {"x-firsttoken-prefix-stable-tokens": str(stable_prefix_tokens(previous, result.fingerprints))}
+    headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
+    if result.fingerprints is not None and result.cache_key:
+        headers.update(await _prefix_break(telemetry, tenant, result))
+    return headers
+
+
+async def _prefix_break(telemetry, tenant: str, result: PolicyResult) -> dict[str, str]:
+    try:
+        previous_blob = await telemetry.get_fingerprints(tenant, result.cache_key)
+        telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
+        if previous_blob is None:
+            return {}
+        previous = PrefixFingerprints.from_bytes(previous_blob)
+        found = find_prefix_break(previous, result.fingerprints)
+        if found is not None:
+            telemetry.record_prefix_break(tenant, found.kind)
+            return {"x-firsttoken-prefix-break": found.location}
+        return {"x-firsttoken-prefix-stable-tokens":
+                str(stable_prefix_tokens(previous, result.fingerprints))}
+    except Exception:
+        log.exception("prefix-break diagnostics failed")
+        return {}

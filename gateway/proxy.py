@@ -19,13 +19,15 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import GatewayError, sse_error_event
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import DONE, KEEPALIVE, SSE_HEADERS
+from gateway.sse import KEEPALIVE, SSE_HEADERS
 from gateway.timing import RequestTiming
 from gateway.upstreams import CallContext, OutEvent, Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("firsttoken.proxy")
 
 BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
+SSE_RAW_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"),
+                   *((k.encode(), v.encode()) for k, v in SSE_HEADERS.items()))
 
 
 @dataclass
@@ -122,78 +124,86 @@ class StreamRelay:
         self.plan = plan
         self.timing = timing
         self.started = False
+        self.client_gone = False
+        self.finished = False
+        self._start_lock = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        relay = asyncio.ensure_future(self._relay(send))
+        # The relay runs in this task (no extra hop before the upstream request goes out); a
+        # watcher cancels it the moment the client disconnects, which closes the upstream.
+        relay_task = asyncio.current_task()
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        watcher.add_done_callback(lambda w: self._on_disconnect(w, relay_task))
         try:
-            done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if relay not in done:
-                self.timing.status = "client_gone"
-                relay.cancel()
-                try:
-                    await relay
-                except (asyncio.CancelledError, Exception):
-                    pass
-            else:
-                relay.result()
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            relay_task.uncancel()
         finally:
+            self.finished = True
             watcher.cancel()
-            if not relay.done():
-                relay.cancel()
             _finish(self.plan, self.timing)
+
+    def _on_disconnect(self, watcher: asyncio.Future, relay_task: asyncio.Task | None) -> None:
+        if self.finished or watcher.cancelled() or watcher.exception() is not None:
+            return
+        self.client_gone = True
+        self.timing.status = "client_gone"
+        if relay_task is not None:
+            relay_task.cancel()
 
     async def _start(self, send: Send) -> None:
         if self.started:
             return
-        self.started = True
-        headers = {**SSE_HEADERS, **self.plan.response_headers}
-        if self.plan.late_headers is not None:
-            headers.update(await self.plan.late_headers())
-        raw = [(b"content-type", b"text/event-stream; charset=utf-8")]
-        raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        async with self._start_lock:  # the keepalive ticker and the relay may both get here
+            if self.started:
+                return
+            headers = {**self.plan.response_headers}
+            if self.plan.late_headers is not None:
+                headers.update(await self.plan.late_headers())
+            raw = [*SSE_RAW_HEADERS,
+                   *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+            await send({"type": "http.response.start", "status": 200, "headers": raw})
+            self.started = True
 
     async def _write(self, send: Send, data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
+    async def _keepalives(self, send: Send) -> None:
+        interval = self.proxy.settings.keepalive_s
+        while True:
+            await asyncio.sleep(interval)
+            await self._start(send)
+            await self._write(send, KEEPALIVE)
+
     async def _open_and_first(self, upstream: Upstream, body: dict, ctx: CallContext,
                               route: Route, send: Send):
-        """Open the upstream stream and wait for its first events, sending keepalive comments
-        meanwhile; a first-token timeout here may still be retried (the client saw no event)."""
-        keepalive = self.proxy.settings.keepalive_s
-        limit = self.proxy._first_token_timeout(route)
-        deadline = time.perf_counter() + (limit if limit else self.proxy._timeout(route))
-
-        async def open_first():
-            stream = await upstream.open_stream(body, ctx)
-            iterator = stream.__aiter__()
-            try:
-                first = await iterator.__anext__()
-            except StopAsyncIteration:
-                first = []
-            except BaseException:
-                await stream.aclose()
-                raise
-            return stream, iterator, first
-
-        task = asyncio.ensure_future(open_first())
+        """Open the upstream stream and wait for its first events while a side task sends
+        keepalive comments; a first-token timeout here may still be retried (the client has
+        seen no event)."""
+        limit = self.proxy._first_token_timeout(route) or self.proxy._timeout(route)
+        ticker = asyncio.ensure_future(self._keepalives(send))
+        stream = None
         try:
-            while True:
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    raise UpstreamTimeout(f"no first token from route {route.name!r} within "
-                                          f"{limit or self.proxy._timeout(route)}s")
-                done, _ = await asyncio.wait({task}, timeout=min(keepalive, remaining))
-                if done:
-                    return task.result()
-                if time.perf_counter() < deadline:
-                    await self._start(send)
-                    await self._write(send, KEEPALIVE)
+            async with asyncio.timeout(limit):
+                stream = await upstream.open_stream(body, ctx)
+                iterator = stream.__aiter__()
+                try:
+                    first = await iterator.__anext__()
+                except StopAsyncIteration:
+                    first = []
+            return stream, iterator, first
+        except TimeoutError:
+            if stream is not None:
+                await stream.aclose()
+            raise UpstreamTimeout(f"no first token from route {route.name!r} within {limit}s") from None
+        except BaseException:
+            if stream is not None:
+                await stream.aclose()
+            raise
         finally:
-            if not task.done():
-                task.cancel()
-                task.add_done_callback(_close_orphan_stream)
+            ticker.cancel()
 
     async def _relay(self, send: Send) -> None:
         plan, timing = self.plan, self.timing
@@ -263,13 +273,6 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
-
-
-def _close_orphan_stream(task: asyncio.Task) -> None:
-    if task.cancelled() or task.exception() is not None:
-        return
-    stream = task.result()[0]
-    asyncio.ensure_future(stream.aclose())
 
 
 def _finish(plan: Plan, timing: RequestTiming) -> None:

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
 from gateway.errors import GatewayError
-from gateway.policy_runner import POLICY_HEADER, PolicyRunner, prefix_break_headers
+from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import read_json, require_model, validate_chat, validate_completion
 from gateway.routes import Route, RouteTable, load_routes
@@ -176,21 +176,15 @@ class Gateway:
 
         body_for(chain[0])
         primary = results[chain[0].name]
-        headers: dict[str, str] = {}
+        headers = {"x-firsttoken-policies": ",".join(primary.applied) if primary else "none"}
         late = None
         if primary is not None:
-            headers["x-firsttoken-policies"] = ",".join(primary.applied) or "none"
-            saved = max(0, primary.prompt_tokens_before - primary.prompt_tokens_after)
-            headers["x-firsttoken-prompt-tokens-saved"] = str(saved)
-            timing.prompt_tokens_saved = saved
-            if primary.fingerprints is not None and primary.cache_key and self.telemetry.enabled:
-                previous = asyncio.ensure_future(
-                    self.telemetry.get_fingerprints(tenant, primary.cache_key))
+            # Token counts and prefix diagnostics run while the upstream request is in flight.
+            report = asyncio.ensure_future(report_headers(self.telemetry, tenant, primary))
+            report.add_done_callback(lambda _: _note_saved(timing, primary))
 
-                async def late():
-                    return await prefix_break_headers(self.telemetry, tenant, primary, previous)
-        else:
-            headers["x-firsttoken-policies"] = "none"
+            def late():
+                return report
         telemetry = self.telemetry
         return Plan(
             endpoint=endpoint, tenant=tenant, request_id=uuid.uuid4().hex, chain=chain,
@@ -198,6 +192,11 @@ class Gateway:
             late_headers=late, forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
         )
+
+
+def _note_saved(timing: RequestTiming, result) -> None:
+    if result.measured:
+        timing.prompt_tokens_saved = max(0, result.prompt_tokens_saved)
 
 
 FORWARDED_HEADERS = frozenset({"openai-beta", "anthropic-beta"})

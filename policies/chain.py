@@ -31,17 +31,33 @@ class PolicyContext:
 
 @dataclass
 class PolicyResult:
+    """What a chain did. ``transform`` fills the body and cache key; the report (token counts,
+    fingerprints) is computed by ``measure``, which a gateway may run after it has sent the
+    body upstream, so that counting never delays the first token."""
+
     body: dict
     applied: list[str]
-    prompt_tokens_before: int
-    prompt_tokens_after: int
-    cache_key: str | None
-    fingerprints: PrefixFingerprints | None
+    prompt_tokens_before: int = 0
+    prompt_tokens_after: int = 0
+    cache_key: str | None = None
+    fingerprints: PrefixFingerprints | None = None
     notes: dict = field(default_factory=dict)
+    original: dict | None = field(default=None, repr=False)
+    measured: bool = False
 
     @property
     def prompt_tokens_saved(self) -> int:
         return self.prompt_tokens_before - self.prompt_tokens_after
+
+    def measure(self, *, fingerprints: bool = True) -> "PolicyResult":
+        """Count tokens before and after, and fingerprint the prefix (idempotent)."""
+        if not self.measured:
+            original = self.original if self.original is not None else self.body
+            self.prompt_tokens_before = count_request_tokens(original)
+            self.fingerprints = PrefixFingerprints.from_body(self.body) if fingerprints else None
+            self.prompt_tokens_after = _tokens_after(self.body, self.fingerprints)
+            self.measured = True
+        return self
 
 
 class Policy(Protocol):
@@ -61,28 +77,24 @@ class PolicyChain:
     def __repr__(self) -> str:
         return f"PolicyChain({', '.join(self.names) or 'none'})"
 
-    def apply(self, body: dict, ctx: PolicyContext, *, fingerprints: bool = True) -> PolicyResult:
-        """Transform ``body``; ``fingerprints=False`` skips the diagnostics fingerprints."""
-        before = count_request_tokens(body)
+    def transform(self, body: dict, ctx: PolicyContext) -> PolicyResult:
+        """Transform ``body`` (what the upstream needs); the report waits for ``measure``."""
         current = dict(body)
         notes: dict[str, Any] = {}
         for policy in self.policies:
             current, policy_notes = policy.apply(current, ctx)
             if policy_notes:
                 notes[policy.name] = policy_notes
-        prints = PrefixFingerprints.from_body(current) if fingerprints else None
         client_key = current.get("prompt_cache_key")
         cache_key = client_key if isinstance(client_key, str) and client_key else \
             prefix_family_key(current, ctx.tenant, ctx.model)
-        return PolicyResult(
-            body=current,
-            applied=list(self.names),
-            prompt_tokens_before=before,
-            prompt_tokens_after=_tokens_after(current, prints),
-            cache_key=cache_key,
-            fingerprints=prints,
-            notes=notes,
-        )
+        return PolicyResult(body=current, applied=list(self.names), cache_key=cache_key,
+                            notes=notes, original=body)
+
+    def apply(self, body: dict, ctx: PolicyContext, *, fingerprints: bool = True) -> PolicyResult:
+        """Transform ``body`` and measure the result; ``fingerprints=False`` skips the
+        diagnostics fingerprints."""
+        return self.transform(body, ctx).measure(fingerprints=fingerprints)
 
 
 def _tokens_after(body: dict, prints: PrefixFingerprints | None) -> int:

@@ -28,9 +28,6 @@ class Store(Protocol):
 
     async def get_blob(self, tenant: str, family: str) -> bytes | None: ...
 
-    def is_transient(self, exc: BaseException) -> bool:
-        return isinstance(exc, (OSError, asyncio.TimeoutError))
-
     async def aclose(self) -> None: ...
 
     def is_transient(self, exc: BaseException) -> bool:

@@ -43,7 +43,9 @@ class OpenAIUpstream:
         self.warm = False
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"content-type": "application/json", **self.route.headers}
+        # identity: a compressed event stream would sit in the decompressor between events.
+        headers = {"content-type": "application/json", "accept-encoding": "identity",
+                   **self.route.headers}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
         if extra:
