@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import aiohttp
 import orjson
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -59,5 +58,13 @@ async def passthrough(request: Request, table: RouteTable, upstreams: dict, max_
     out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP}
     if "text/event-stream" in resp.headers.get("content-type", ""):
         out_headers.update({"cache-control": "no-cache, no-transform", "x-accel-buffering": "no"})
-    return StreamingResponse(resp.content.iter_any(), status_code=resp.status, headers=out_headers,
-                             background=BackgroundTask(resp.close))
+    return StreamingResponse(_relay(resp), status_code=resp.status, headers=out_headers)
+
+
+async def _relay(resp: aiohttp.ClientResponse):
+    """The upstream body as it arrives; closing the generator (client gone) closes upstream."""
+    try:
+        async for chunk in resp.content.iter_any():
+            yield chunk
+    finally:
+        resp.close()

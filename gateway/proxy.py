@@ -55,10 +55,10 @@ class Proxy:
         return CallContext(plan.endpoint, plan.tenant, body.get("model", ""), plan.request_id,
                            plan.forward_headers)
 
-    def _first_token_timeout(self, route: Route) -> float | None:
+    def first_token_timeout(self, route: Route) -> float | None:
         return route.first_token_timeout_s or self.settings.first_token_timeout_s
 
-    def _timeout(self, route: Route) -> float:
+    def timeout(self, route: Route) -> float:
         return route.timeout_s or self.settings.timeout_s
 
     async def attempt(self, plan: Plan, timing: RequestTiming,
@@ -70,7 +70,7 @@ class Proxy:
             upstream = self.upstreams[route.name]
             body = plan.bodies(route)
             ctx = self._context(plan, route, body)
-            budget_end = time.perf_counter() + self._timeout(route)
+            budget_end = time.perf_counter() + self.timeout(route)
             for attempt in range(self.settings.retry_attempts):
                 timing.route, timing.fallback = route.name, position > 0
                 timing.upstream_sent = time.perf_counter()
@@ -94,7 +94,7 @@ class Proxy:
     async def complete(self, plan: Plan, timing: RequestTiming) -> Response:
         async def call(upstream: Upstream, body: dict, ctx: CallContext, route: Route):
             try:
-                return await asyncio.wait_for(upstream.complete(body, ctx), self._timeout(route))
+                return await asyncio.wait_for(upstream.complete(body, ctx), self.timeout(route))
             except asyncio.TimeoutError:
                 raise UpstreamTimeout(f"upstream {route.name!r} timed out") from None
 
@@ -182,7 +182,7 @@ class StreamRelay:
         """Open the upstream stream and wait for its first events while a side task sends
         keepalive comments; a first-token timeout here may still be retried (the client has
         seen no event)."""
-        limit = self.proxy._first_token_timeout(route) or self.proxy._timeout(route)
+        limit = self.proxy.first_token_timeout(route) or self.proxy.timeout(route)
         ticker = asyncio.ensure_future(self._keepalives(send))
         stream = None
         try:
@@ -220,7 +220,7 @@ class StreamRelay:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
 
-        route_timeout = self.proxy._timeout(self.proxy.upstreams[timing.route].route)
+        route_timeout = self.proxy.timeout(self.proxy.upstreams[timing.route].route)
         try:
             await self._start(send)
             async with asyncio.timeout(route_timeout - (time.perf_counter() - timing.upstream_sent)):
