@@ -105,12 +105,9 @@ class ModelRunner:
             context_slots = self._slots(seq.block_table, end)
             slot_mapping.append(context_slots[start:])
             if start == 0:
-                segment = PrefillSegment(row, num_new, None, None)
+                segment = PrefillSegment(row, num_new, None)
             else:
-                mask = torch.arange(end).unsqueeze(0) <= seq_positions.unsqueeze(1)
-                segment = PrefillSegment(
-                    row, num_new, self._to_device(context_slots), self._to_device(mask)
-                )
+                segment = PrefillSegment(row, num_new, self._to_device(context_slots), start)
             meta.prefills.append(segment)
             row += num_new
             if end == len(seq):

