@@ -276,12 +276,17 @@ def judge(results: dict) -> list[dict]:
         ok = value <= limit if at_most else value >= limit
         checks.append({"target": name, "value": round(value, 3), "limit": limit, "pass": ok})
 
+    step_s = one_step_seconds(results)
     for row in results["ttft"]:
         n = row["prompt_tokens"]
         if n >= 2048 or results["quick"]:
             for share in SHARES:
                 key = f"warm{int(share * 100)}"
                 check(f"{n} tok, {key}: warm / ideal", row[key]["vs_ideal"], 1.5)
+                # The shared TTFT notes define the ideal as cold x uncached share "plus a fixed
+                # per-step cost"; reported beside the strict form, not instead of it.
+                check(f"{n} tok, {key}: warm / (ideal + one decode step) [info]",
+                      row[key]["warm_s"] / (row[key]["ideal_s"] + step_s), 1.5)
             check(f"{n} tok, warm94: warm / cold", row["warm94"]["vs_cold"], 0.15)
         check(f"{n} tok: cold / transformers", row["cold_s"] / row["transformers_s"], 1.25)
         check(f"{n} tok: transformers / warm94 speed-up",
@@ -295,6 +300,13 @@ def judge(results: dict) -> list[dict]:
     tps = {r["streams"]: r["tokens_per_s"] for r in results["throughput"]}
     check("decode tokens/s, 16 streams / 1", tps[16] / tps[1], 3.0, at_most=False)
     return checks
+
+
+def one_step_seconds(results: dict) -> float:
+    """A step's fixed cost: one forward for a single decoding stream (on CPU mostly the time to
+    read every weight once), from the decode-throughput part."""
+    tps = {r["streams"]: r["tokens_per_s"] for r in results["throughput"]}
+    return 1.0 / tps[1]
 
 
 def prefill_flops(s: Any, cached: int, total: int) -> float:
@@ -334,6 +346,7 @@ def print_tables(results: dict) -> None:
               f"{w94['flop_ideal_s']:>8.3f} {w94['vs_cold']:>8.3f} {r['transformers_s']:>8.3f} "
               f"{r['cold_s'] / r['transformers_s']:>8.2f} "
               f"{r['transformers_s'] / w94['warm_s']:>8.1f}")
+    print(f"one decode step (1 stream): {one_step_seconds(results) * 1000:.1f} ms")
     print(f"\n[3] {NUM_DECODERS} decoding streams, a {results['long_tokens']}-token prompt "
           "arriving")
     print(f"{'case':>16} {'gaps':>6} {'p50 ms':>9} {'p99 ms':>9} {'long TTFT s':>12}")
