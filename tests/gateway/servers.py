@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Mapping
@@ -11,12 +10,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.local_servers import free_port
 
 
 class GatewayThread:

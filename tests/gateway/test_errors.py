@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import openai_route
-from tests.gateway.servers import free_port
+from tests.local_servers import free_port
 
 
 def sdk(gw, key="k") -> openai.OpenAI:

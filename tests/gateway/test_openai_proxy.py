@@ -96,7 +96,7 @@ def test_retry_before_first_byte_on_5xx_and_429(mock_upstream, make_gateway):
 
 
 def test_fallback_route_serves_when_primary_is_down(mock_upstream, make_gateway):
-    from tests.gateway.servers import free_port
+    from tests.local_servers import free_port
 
     dead = {"name": "dead", "models": ["mock-*"], "kind": "openai",
             "base_url": f"http://127.0.0.1:{free_port()}/v1", "fallbacks": ["mock"]}

@@ -4,9 +4,7 @@ it is back; what the bound could not hold is counted exactly."""
 from __future__ import annotations
 
 import shutil
-import socket
 import statistics
-import subprocess
 import time
 
 import httpx
@@ -14,43 +12,19 @@ import openai
 import pytest
 
 from tests.gateway.conftest import openai_route
-from tests.gateway.servers import free_port
+from tests.local_servers import PrivateRedis, free_port
 
 BUFFER = 4
-
-
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis did not start")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(5)
 
 
 @pytest.fixture
 def private_redis():
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server not installed")
-    server = PrivateRedis()
+    server = PrivateRedis(free_port())
     server.start()
     yield server
-    if server.proc and server.proc.poll() is None:
-        server.kill()
+    server.kill()
 
 
 def timed_stream(client: openai.OpenAI) -> float:

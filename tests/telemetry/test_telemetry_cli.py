@@ -4,7 +4,7 @@ import json
 
 from gateway.telemetry import Telemetry
 from gateway.telemetry.cli import metrics_main
-from tests.telemetry.conftest import free_port
+from tests.local_servers import free_port
 from tests.telemetry.telemetry_events import make_events
 
 
