@@ -21,7 +21,7 @@ from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import read_json, require_model, validate_chat, validate_completion
 from gateway.routes import Route, RouteTable, load_routes
-from gateway.settings import ENV_PREFIX, Settings, SettingsError
+from gateway.settings import Settings, SettingsError
 from gateway.timing import RequestTiming
 from gateway.upstreams import Upstream, build_upstream
 
@@ -210,8 +210,3 @@ def _forwardable(request: Request) -> dict[str, str]:
         if name in FORWARDED_HEADERS:
             out[name] = value
     return out
-
-
-def settings_error_message(exc: Exception) -> str:
-    message = str(exc)
-    return message if message.startswith(ENV_PREFIX) else f"configuration error: {message}"

@@ -53,7 +53,3 @@ class KeySpace:
     def fingerprints(self, tenant: str, family: str) -> str:
         """String: the last prompt-prefix fingerprints of a tenant and model family."""
         return f"{self.prefix}:fp:{self._tag(tenant)}:{escape_name(family)}"
-
-    def pattern(self) -> str:
-        """A SCAN pattern matching every key under this prefix."""
-        return f"{self.prefix}:*"

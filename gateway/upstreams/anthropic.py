@@ -100,11 +100,8 @@ class AnthropicEventStream:
                 name = event.event or (data.get("type") if isinstance(data, dict) else None)
                 try:
                     chunks = translator.feed(name or "", data)
-                except AnthropicStreamError as exc:
-                    out.append(OutEvent(encode_data({"error": {"message": str(exc),
-                                                               "type": "upstream_error",
-                                                               "param": None, "code": None}}),
-                                        error=True))
+                except AnthropicStreamError as exc:  # e.g. overloaded_error mid-answer
+                    out.append(OutEvent(encode_data(exc.to_openai()), error=True))
                     continue
                 for c in chunks:
                     usage = c.get("usage")
