@@ -3,6 +3,7 @@ diagnostics that need the telemetry store. The policies themselves are pure (`po
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Mapping
 
@@ -75,6 +76,10 @@ async def report_headers(telemetry, tenant: str, result: PolicyResult) -> dict[s
     """Measure what the policies did and compare this request's prefix fingerprints with the
     family's last ones, then store these. Runs while the upstream request is in flight;
     degrades to fewer headers rather than fail a request."""
+    # Yield once first: the task is created before the upstream request, and on Python < 3.12
+    # aiohttp writes the request body from a task of its own, queued after this one. Going to
+    # the back of the queue lets the request leave before the counting starts.
+    await asyncio.sleep(0)
     try:
         result.measure(fingerprints=telemetry.enabled)
     except Exception:

@@ -127,6 +127,9 @@ class StreamRelay:
         self.client_gone = False
         self.finished = False
         self._start_lock = asyncio.Lock()
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._keepalive_task: asyncio.Task | None = None
+        self._keepalives_stopped = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The relay runs in this task (no extra hop before the upstream request goes out); a
@@ -156,7 +159,7 @@ class StreamRelay:
     async def _start(self, send: Send) -> None:
         if self.started:
             return
-        async with self._start_lock:  # the keepalive ticker and the relay may both get here
+        async with self._start_lock:  # the keepalive task and the relay may both get here
             if self.started:
                 return
             headers = {**self.plan.response_headers}
@@ -170,24 +173,46 @@ class StreamRelay:
     async def _write(self, send: Send, data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _keepalives(self, send: Send) -> None:
-        interval = self.proxy.settings.keepalive_s
-        while True:
-            await asyncio.sleep(interval)
-            await self._start(send)
-            await self._write(send, KEEPALIVE)
+    # Keepalives ride on a timer rather than a task per request: most first tokens come
+    # long before the first keepalive is due, and a timer costs nothing until it fires.
+    def _arm_keepalive(self, send: Send) -> None:
+        if not self._keepalives_stopped:
+            self._keepalive_timer = asyncio.get_running_loop().call_later(
+                self.proxy.settings.keepalive_s, self._keepalive_due, send)
+
+    def _keepalive_due(self, send: Send) -> None:
+        self._keepalive_task = asyncio.ensure_future(self._send_keepalive(send))
+
+    async def _send_keepalive(self, send: Send) -> None:
+        await self._start(send)
+        await self._write(send, KEEPALIVE)
+        self._arm_keepalive(send)
+
+    def _stop_keepalives(self) -> None:
+        self._keepalives_stopped = True
+        if self._keepalive_timer is not None:
+            self._keepalive_timer.cancel()
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
 
     async def _open_and_first(self, upstream: Upstream, body: dict, ctx: CallContext,
                               route: Route, send: Send):
-        """Open the upstream stream and wait for its first events while a side task sends
+        """Open the upstream stream and wait for its first events while a timer sends
         keepalive comments; a first-token timeout here may still be retried (the client has
         seen no event)."""
-        limit = self.proxy.first_token_timeout(route) or self.proxy.timeout(route)
-        ticker = asyncio.ensure_future(self._keepalives(send))
+        first_token_limit = self.proxy.first_token_timeout(route)
+        limit = first_token_limit or self.proxy.timeout(route)
+        self._keepalives_stopped = False
+        self._arm_keepalive(send)
         stream = None
         try:
             async with asyncio.timeout(limit):
                 stream = await upstream.open_stream(body, ctx)
+                if first_token_limit is None:
+                    # No first-token deadline to enforce with a clean 504, so the status line
+                    # goes out now and the first event later travels alone, as from the
+                    # provider itself. Retries stay possible: the client has seen no event.
+                    await self._start(send)
                 iterator = stream.__aiter__()
                 try:
                     first = await iterator.__anext__()
@@ -203,7 +228,7 @@ class StreamRelay:
                 await stream.aclose()
             raise
         finally:
-            ticker.cancel()
+            self._stop_keepalives()
 
     async def _relay(self, send: Send) -> None:
         plan, timing = self.plan, self.timing
@@ -265,6 +290,7 @@ class StreamRelay:
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
+    await asyncio.sleep(0)  # let the upstream request go out first (see report_headers)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gateway.settings import ENV_PREFIX, SettingsError
 
 RouteKind = Literal["openai", "anthropic", "local"]
+MATCH_CACHE_SIZE = 4096
 
 
 class Route(BaseModel):
@@ -62,6 +63,7 @@ class RouteTable:
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
         self.by_name = {r.name: r for r in routes}
+        self._matched: dict[str, Route | None] = {}
         for route in routes:
             for fallback in route.fallbacks:
                 if fallback not in self.by_name:
@@ -70,10 +72,14 @@ class RouteTable:
                     )
 
     def match(self, model: str) -> Route | None:
-        for route in self.routes:
-            if route.matches(model):
-                return route
-        return None
+        try:
+            return self._matched[model]
+        except KeyError:
+            pass
+        route = next((r for r in self.routes if r.matches(model)), None)
+        if len(self._matched) < MATCH_CACHE_SIZE:  # model names are few; bound them anyway
+            self._matched[model] = route
+        return route
 
     def chain(self, route: Route) -> list[Route]:
         """The route followed by its fallbacks, each once."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import itertools
 import os
 import time
-import uuid
 from typing import Mapping
 
 from policies import PolicyContext
@@ -187,7 +187,7 @@ class Gateway:
                 return report
         telemetry = self.telemetry
         return Plan(
-            endpoint=endpoint, tenant=tenant, request_id=uuid.uuid4().hex, chain=chain,
+            endpoint=endpoint, tenant=tenant, request_id=next_request_id(), chain=chain,
             bodies=body_for, client_wants_usage=client_wants_usage, response_headers=headers,
             late_headers=late, forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
@@ -199,14 +199,20 @@ def _note_saved(timing: RequestTiming, result) -> None:
         timing.prompt_tokens_saved = max(0, result.prompt_tokens_saved)
 
 
+_REQUEST_IDS = itertools.count()
+_PROCESS_TAG = os.urandom(4).hex()
+
+
+def next_request_id() -> str:
+    """Unique per process and cheap (no syscall per request, unlike uuid4)."""
+    return f"{_PROCESS_TAG}{next(_REQUEST_IDS):x}"
+
+
 FORWARDED_HEADERS = frozenset({"openai-beta", "anthropic-beta"})
 
 
 def _forwardable(request: Request) -> dict[str, str]:
     """Client headers that change what the upstream does. Never its key, nor account headers
     (organization, project) that belong to the client's account, not the route's."""
-    out = {}
-    for name, value in request.headers.items():
-        if name in FORWARDED_HEADERS:
-            out[name] = value
-    return out
+    headers = request.headers
+    return {name: headers[name] for name in FORWARDED_HEADERS if name in headers}

@@ -60,7 +60,7 @@ class AnthropicUpstream(OpenAIUpstream):
     async def open_stream(self, body: dict, ctx: CallContext) -> "AnthropicEventStream":
         resp = await self._post_translated({**body, "stream": True}, ctx)
         translator = AnthropicStreamTranslator(ctx.upstream_model, include_usage=True,
-                                               created=int(time.time()), request_id=ctx.request_id)
+                                               created=int(time.time()), request_id=f"chatcmpl-{ctx.request_id}")
         return AnthropicEventStream(resp, translator)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
