@@ -267,26 +267,29 @@ class StreamRelay:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _forward(self, send: Send, batch: list[OutEvent]) -> None:
+        """Write a batch of events at once; read them for telemetry after the write, except
+        an event that may be the usage chunk the client did not ask for."""
         timing = self.timing
+        arrived = time.perf_counter()
         keep_usage = self.plan.client_wants_usage
         parts = []
-        content = False
         for event in batch:
-            if event.usage is not None:
-                timing.usage = event.usage
-                if event.usage_only and not keep_usage:
-                    continue
-            if event.error:
-                timing.status = "upstream_error"
-            if event.content:
-                content = True
+            if not keep_usage and event.is_usage_only():
+                continue
             parts.append(event.raw)
-        if content:
-            timing.upstream_content()
         if parts:
             await self._write(send, parts[0] if len(parts) == 1 else b"".join(parts))
-            if content:
-                timing.content_written()
+        written = time.perf_counter()
+        content = False
+        for event in batch:
+            event.resolve()
+            if event.usage is not None:
+                timing.usage = event.usage
+            if event.error:
+                timing.status = "upstream_error"
+            content = content or event.content
+        if content:
+            timing.content_arrived(arrived, written)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

@@ -24,15 +24,13 @@ class RequestTiming:
     usage: dict | None = None
     prompt_tokens_saved: int = 0
 
-    def upstream_content(self) -> None:
+    def content_arrived(self, arrived: float, written: float) -> None:
+        """A batch with content came from upstream at `arrived` and reached the client's
+        socket at `written`."""
         if self.upstream_first_content is None:
-            self.upstream_first_content = time.perf_counter()
-
-    def content_written(self) -> None:
-        now = time.perf_counter()
-        if self.first_content_out is None:
-            self.first_content_out = now
-        self.last_content_out = now
+            self.upstream_first_content = arrived
+            self.first_content_out = written
+        self.last_content_out = written
         self.content_events += 1
 
     def to_event(self):

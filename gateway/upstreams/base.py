@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
+import orjson
+
 from gateway.routes import Route
 
 
@@ -21,6 +23,48 @@ class OutEvent:
     usage_only: bool = False    # the include_usage chunk (choices == [])
     done: bool = False          # data: [DONE]
     error: bool = False         # an in-stream error from upstream
+    data: bytes | None = None   # the `data:` payload, while the fields above are not yet read
+    resolved: bool = True
+
+    @classmethod
+    def unread(cls, raw: bytes, data: bytes | None) -> "OutEvent":
+        """An event forwarded as received; its JSON is parsed only when someone asks."""
+        return cls(raw, data=data, resolved=False)
+
+    def is_usage_only(self) -> bool:
+        """Whether this is the include_usage chunk. An unread event is parsed only when its
+        bytes mention a usage value, so most events go out without being read first."""
+        if not self.resolved:
+            data = self.data
+            if (data is not None and b'"usage"' in data and b'"usage":null' not in data
+                    and b'"usage": null' not in data):
+                self.resolve()
+        return self.usage_only
+
+    def resolve(self) -> "OutEvent":
+        """Parse the payload once and fill the fields the proxy and telemetry read."""
+        if self.resolved:
+            return self
+        self.resolved = True
+        data = self.data
+        if data is None:
+            return self
+        if data == b"[DONE]":
+            self.done = True
+            return self
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return self
+        if not isinstance(chunk, dict):
+            return self
+        if "error" in chunk and "choices" not in chunk:
+            self.error = True
+            return self
+        self.usage = usage_from_chunk(chunk)
+        self.content = chunk_has_content(chunk)
+        self.usage_only = self.usage is not None and not chunk.get("choices")
+        return self
 
 
 @dataclass(slots=True)

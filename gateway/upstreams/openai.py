@@ -16,7 +16,7 @@ import orjson
 from gateway.routes import Route
 from gateway.sse import SSEParser
 from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError,
-                                    chunk_has_content, retry_after_seconds, usage_from_chunk)
+                                    retry_after_seconds, usage_from_chunk)
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -123,10 +123,10 @@ class OpenAIEventStream:
         async for chunk in self._resp.content.iter_any():
             events = parser.feed(chunk)
             if events:
-                yield [classify(e.raw, e.data) for e in events]
+                yield [OutEvent.unread(e.raw, e.data) for e in events]
         tail = parser.flush()
         if tail:
-            yield [classify(e.raw, e.data) for e in tail]
+            yield [OutEvent.unread(e.raw, e.data) for e in tail]
 
     async def aclose(self) -> None:
         # close(), not release(): a half-read stream must not go back to the pool, and the
@@ -134,20 +134,3 @@ class OpenAIEventStream:
         if not self._resp.closed:
             self._resp.close()
 
-
-def classify(raw: bytes, data: bytes | None) -> OutEvent:
-    if data is None:
-        return OutEvent(raw)
-    if data == b"[DONE]":
-        return OutEvent(raw, done=True)
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return OutEvent(raw)
-    if not isinstance(chunk, dict):
-        return OutEvent(raw)
-    if "error" in chunk and "choices" not in chunk:
-        return OutEvent(raw, error=True)
-    usage = usage_from_chunk(chunk)
-    return OutEvent(raw, content=chunk_has_content(chunk), usage=usage,
-                    usage_only=usage is not None and not chunk.get("choices"))
