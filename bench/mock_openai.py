@@ -29,6 +29,7 @@ class MockBehaviour:
     retry_after: str | None = None
     hold_after_first: asyncio.Event | None = None            # for the no-buffering test
     die_after_chunks: int | None = None                      # cut the connection mid-stream
+    cut_before_events: bool = False                          # headers, then a cut
     tool_call: bool = False
 
 
@@ -102,6 +103,9 @@ class MockUpstream:
 
         try:
             await asyncio.sleep(b.first_delay_s)
+            if b.cut_before_events:
+                request.transport.close()
+                return resp
             await resp.write(chunk({"role": "assistant", "content": ""}))
             if b.tool_call:
                 await resp.write(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

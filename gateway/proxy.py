@@ -97,6 +97,11 @@ class Proxy:
                 return await asyncio.wait_for(upstream.complete(body, ctx), self.timeout(route))
             except asyncio.TimeoutError:
                 raise UpstreamTimeout(f"upstream {route.name!r} timed out") from None
+            except UpstreamError:
+                raise
+            except Exception as exc:  # e.g. the body was cut short
+                raise UpstreamError(f"upstream {route.name!r} failed "
+                                    f"({type(exc).__name__})") from None
 
         try:
             result = await self.attempt(plan, timing, call)
@@ -219,13 +224,17 @@ class StreamRelay:
                 except StopAsyncIteration:
                     first = []
             return stream, iterator, first
-        except TimeoutError:
+        except BaseException as exc:
             if stream is not None:
                 await stream.aclose()
-            raise UpstreamTimeout(f"no first token from route {route.name!r} within {limit}s") from None
-        except BaseException:
-            if stream is not None:
-                await stream.aclose()
+            if isinstance(exc, TimeoutError):
+                raise UpstreamTimeout(
+                    f"no first token from route {route.name!r} within {limit}s") from None
+            if isinstance(exc, Exception) and not isinstance(exc, UpstreamError):
+                # The stream broke before its first event (a reset, a truncated body): the
+                # client has seen no event, so this may still be retried or fall back.
+                raise UpstreamError(f"upstream {route.name!r} failed before its first event "
+                                    f"({type(exc).__name__})") from None
             raise
         finally:
             self._stop_keepalives()

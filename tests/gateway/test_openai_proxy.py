@@ -109,6 +109,7 @@ def test_fallback_route_serves_when_primary_is_down(mock_upstream, make_gateway)
 
 def test_no_retry_after_first_byte_error_reported_in_stream(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.die_after_chunks = 2
+    mock_upstream.mock.behaviour.gap_s = 0.05  # tok0 and tok1 reach the client before the cut
     gw = make_gateway([openai_route(mock_upstream)], retry_attempts=3)
     with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=20, json={
             "model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
@@ -116,6 +117,16 @@ def test_no_retry_after_first_byte_error_reported_in_stream(mock_upstream, make_
     assert r.status_code == 200
     assert "tok1" in body and '"error"' in body
     assert len(mock_upstream.mock.requests) == 1
+
+
+def test_stream_cut_before_any_event_is_retried(mock_upstream, make_gateway):
+    mock_upstream.mock.behaviour.cut_before_events = True
+    gw = make_gateway([openai_route(mock_upstream)], retry_attempts=2)
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=20, json={
+            "model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+        body = r.read().decode()
+    assert '"error"' in body and body.rstrip().endswith("}")
+    assert len(mock_upstream.mock.requests) == 2
 
 
 def test_keepalive_comments_while_waiting_for_first_token(mock_upstream, make_gateway):
