@@ -3,7 +3,8 @@
     python bench/gateway_overhead.py [--seconds 6] [--concurrency 1 16 64]
 
 A mock OpenAI upstream (first token after 50 ms, 20 chunks 5 ms apart, usage, [DONE]) runs on
-loopback; the same closed-loop load runs directly and through `firsttoken serve`, interleaved.
+loopback; the same closed-loop load runs directly, through `firsttoken serve`, and through a
+bare aiohttp relay (`minimal_passthrough.py`, the floor for any Python proxy here), interleaved.
 Prints a table, writes bench/results/gateway_overhead.json.
 """
 
@@ -18,7 +19,7 @@ import orjson
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import (ROOT, interleaved, peak_rss_mb, pin_self, start_gateway,  # noqa: E402
-                           start_mock, stop)
+                           start_minimal_passthrough, start_mock, stop)
 
 TARGETS = {"added_p50_ms": {1: 1.0, 16: 3.0}, "throughput_ratio": {16: 0.95, 64: 0.90},
            "rss_mb": 100.0, "ready_s": 1.5}
@@ -33,32 +34,38 @@ def main() -> int:
     pin_self()
     mock, upstream = start_mock()
     gateway, through, ready_s = start_gateway(upstream)
+    floor_proc, floor = start_minimal_passthrough(upstream)
     rows = []
     try:
         for c in args.concurrency:
-            res = interleaved({"direct": upstream, "gateway": through}, c, args.seconds)
-            d, g = res["direct"], res["gateway"]
+            res = interleaved({"direct": upstream, "gateway": through, "floor": floor}, c,
+                              args.seconds)
+            d, g, f = res["direct"], res["gateway"], res["floor"]
             rows.append({
                 "concurrency": c,
                 "direct_ttft_p50_ms": d.pct(50), "direct_ttft_p99_ms": d.pct(99),
                 "gateway_ttft_p50_ms": g.pct(50), "gateway_ttft_p99_ms": g.pct(99),
                 "added_ttft_p50_ms": g.pct(50) - d.pct(50),
+                "floor_added_ttft_p50_ms": f.pct(50) - d.pct(50), "floor_rps": f.rps,
                 "direct_rps": d.rps, "gateway_rps": g.rps,
                 "throughput_ratio": g.rps / d.rps if d.rps else float("nan"),
-                "errors": d.errors + g.errors,
+                "errors": d.errors + g.errors + f.errors,
             })
         rss = peak_rss_mb(gateway.pid)
     finally:
         stop(gateway)
+        stop(floor_proc)
         stop(mock)
 
     print(f"{'conc':>4} {'direct p50':>10} {'p99':>7} {'gw p50':>8} {'p99':>7} {'added p50':>9} "
-          f"{'direct rps':>10} {'gw rps':>8} {'ratio':>6} {'err':>4}")
+          f"{'floor added':>11} {'direct rps':>10} {'gw rps':>8} {'ratio':>6} {'err':>4}")
     for r in rows:
         print(f"{r['concurrency']:>4} {r['direct_ttft_p50_ms']:>10.2f} {r['direct_ttft_p99_ms']:>7.2f} "
               f"{r['gateway_ttft_p50_ms']:>8.2f} {r['gateway_ttft_p99_ms']:>7.2f} "
-              f"{r['added_ttft_p50_ms']:>9.2f} {r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
+              f"{r['added_ttft_p50_ms']:>9.2f} {r['floor_added_ttft_p50_ms']:>11.2f} "
+              f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
               f"{r['throughput_ratio']:>6.3f} {r['errors']:>4}")
+    print("floor added = TTFT added by a bare aiohttp relay (bench/minimal_passthrough.py)")
     print(f"gateway peak RSS {rss:.1f} MB, ready in {ready_s:.2f} s")
 
     verdicts = []

@@ -85,6 +85,16 @@ def start_gateway(upstream_base: str, extra_env: dict[str, str] | None = None
     return proc, base + "/v1", time.perf_counter() - started
 
 
+def start_minimal_passthrough(upstream_base: str) -> tuple[subprocess.Popen, str]:
+    """The bare aiohttp relay of `bench/minimal_passthrough.py`, on the gateway's core."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*_taskset(GATEWAY_CORE), sys.executable, os.path.join(ROOT, "bench", "minimal_passthrough.py"),
+         str(port), upstream_base], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
