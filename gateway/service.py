@@ -76,7 +76,7 @@ class Gateway:
             retention_s=settings.metrics_retention, buffer_max=settings.telemetry_buffer,
             max_tenants=settings.metrics_max_tenants, slo_default_ms=settings.ttft_slo_ms,
             slo_tenants=settings.slo_targets(), slo_objective=settings.ttft_slo_objective,
-            enabled=settings.telemetry)
+            enabled=settings.telemetry, redis_cluster=settings.redis_cluster)
 
     # lifecycle -----------------------------------------------------------------------------
 

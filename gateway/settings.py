@@ -46,6 +46,7 @@ class Settings(BaseSettings):
 
     # Telemetry
     redis_url: str | None = None
+    redis_cluster: bool = Field(False, description="the Redis URL names a Redis Cluster node")
     telemetry: bool = True
     metrics_key_prefix: str = Field("ft", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     metrics_retention: int = Field(7 * 86400, gt=0)

@@ -24,6 +24,7 @@ from .redis_store import RedisStore, connect
 from .report import SloConfig, tenant_report
 
 PREFIX_ENV = "FIRSTTOKEN_METRICS_KEY_PREFIX"
+TRUE = frozenset({"1", "true", "yes", "on"})
 _COLUMNS = (
     "tenant",
     "route",
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prefix", default=None, help=f"key prefix (default: {PREFIX_ENV} or 'ft')"
+    )
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="the URL names a Redis Cluster node (default: FIRSTTOKEN_REDIS_CLUSTER)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the JSON report instead of a table"
@@ -158,7 +163,8 @@ def metrics_main(
         return 2
 
     async def run() -> list[dict]:
-        store = RedisStore(connect(url, timeout_s=5.0), keys, retention_s=1)
+        cluster = args.cluster or environ.get("FIRSTTOKEN_REDIS_CLUSTER", "").lower() in TRUE
+        store = RedisStore(connect(url, timeout_s=5.0, cluster=cluster), keys, retention_s=1)
         try:
             return await _collect(store, args.tenant, args.window, slo)
         finally:

@@ -1,7 +1,9 @@
 """The shared store: counters in Redis hashes, one per tenant, route and minute.
 
 A batch is one MULTI/EXEC pipeline: per bucket, one small script that runs its
-`HINCRBY`/`HINCRBYFLOAT` updates and `EXPIREAT`, then the name hashes and blobs.
+`HINCRBY`/`HINCRBYFLOAT` updates and `EXPIREAT`, then the name hashes and blobs. On Redis
+Cluster (keys carry `{t=...}` hash tags, so a tenant's keys share a slot) the batch is a
+plain pipeline split by node.
 A batch that fails to reach Redis (refused, reset) is not applied and is retried
 whole by the writer without counting anything twice. One case is not covered: a
 timeout after EXEC was sent, where Redis may have applied it and the retry counts
@@ -12,7 +14,6 @@ backoff, and a short socket timeout keeps a hung Redis from holding it for long.
 from __future__ import annotations
 
 import asyncio
-
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -25,6 +26,12 @@ from .keys import KeySpace, escape_name
 from .store import Blobs
 
 _READ_CHUNK = 2000  # commands per read pipeline
+
+
+def _is_cluster(client: Any) -> bool:
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
 
 # One command per bucket instead of one per field: a batch touches few buckets but
 # many fields (every histogram bucket), and each command costs the client far more
@@ -43,27 +50,31 @@ redis.call('EXPIREAT', key, ARGV[1])
 RETRYABLE_REPLIES = ("EXECABORT", "OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN")
 
 
-def connect(url: str, *, timeout_s: float = 1.0) -> aioredis.Redis:
-    """A client for the telemetry store: short timeouts, no hidden retries."""
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
-    )
+def connect(url: str, *, timeout_s: float = 1.0, cluster: bool = False) -> Any:
+    """A client for the telemetry store: short timeouts, no hidden retries. With `cluster`, a
+    Redis Cluster client that routes each key by its hash tag."""
+    options = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                   retry=Retry(NoBackoff(), 0))
+    if cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **options)
+    return aioredis.Redis.from_url(url, health_check_interval=0, **options)
 
 
 class RedisStore:
-    def __init__(self, client: aioredis.Redis, keys: KeySpace, retention_s: int) -> None:
+    def __init__(self, client: Any, keys: KeySpace, retention_s: int) -> None:
         self.client = client
         self.keys = keys
         self.retention_s = retention_s
+        # A cluster pipeline cannot be one MULTI/EXEC (its keys live on several nodes): each
+        # bucket's script is still atomic, but a failed batch may be partly applied.
+        self.transactional = not _is_cluster(client)
 
     async def write(self, aggregate: Aggregate, blobs: Blobs) -> None:
         if not aggregate and not blobs:
             return
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.client.pipeline(transaction=self.transactional)
         names_ttl = self.retention_s + 120  # outlive the newest bucket they name
         tenants: dict[str, set[str]] = {}
         for (tenant, route, minute), fields in aggregate.items():

@@ -64,6 +64,7 @@ class Telemetry:
         slo_tenants: Mapping[str, float] = {},
         slo_objective: float = 0.99,
         enabled: bool = True,
+        redis_cluster: bool = False,
     ) -> Telemetry:
         """Build telemetry over Redis when a URL is given, else over an in-process store."""
         if retention_s <= 0:
@@ -72,7 +73,8 @@ class Telemetry:
         if redis_url and enabled:
             from .redis_store import RedisStore, connect  # redis-py only when Redis is used
 
-            store = RedisStore(connect(redis_url), KeySpace(key_prefix), retention_s)
+            store = RedisStore(connect(redis_url, cluster=redis_cluster), KeySpace(key_prefix),
+                               retention_s)
         else:
             store = MemoryStore(retention_s)
         slo = SloConfig(
