@@ -31,8 +31,7 @@ def redis_cluster(tmp_path):
          "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in ports]
     try:
-        for port in ports:
-            _wait(lambda: redis.Redis(port=port, socket_connect_timeout=0.2).ping())
+        _wait(lambda: all(redis.Redis(port=p, socket_connect_timeout=0.2).ping() for p in ports))
         subprocess.run(["redis-cli", "--cluster", "create",
                         *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
                         "--cluster-yes"], check=True, capture_output=True, timeout=30)
