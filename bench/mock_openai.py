@@ -62,6 +62,17 @@ class MockUpstream:
                                      status=status, headers=headers)
         return None
 
+    async def _client_left_during(self, request: web.Request, seconds: float) -> bool:
+        """Wait, noting (like a real server would) a client that goes away meanwhile."""
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                self.disconnects.append(time.perf_counter())
+                return True
+            await asyncio.sleep(min(0.01, max(0.0, deadline - time.perf_counter())))
+        return False
+
     def _usage(self, completion: int) -> dict:
         b = self.behaviour
         return {"prompt_tokens": b.prompt_tokens, "completion_tokens": completion,
@@ -78,7 +89,8 @@ class MockUpstream:
         model = body.get("model", "mock")
         words = [f"tok{i} " for i in range(b.chunks)]
         if not body.get("stream"):
-            await asyncio.sleep(b.first_delay_s + b.gap_s * b.chunks)
+            if await self._client_left_during(request, b.first_delay_s + b.gap_s * b.chunks):
+                return web.Response(status=499)
             message: dict = {"role": "assistant", "content": "".join(words)}
             finish = "stop"
             if b.tool_call:

@@ -91,7 +91,9 @@ class Proxy:
         assert last is not None
         raise last
 
-    async def complete(self, plan: Plan, timing: RequestTiming) -> Response:
+    async def complete(self, plan: Plan, timing: RequestTiming, receive: Receive) -> Response:
+        """A non-streaming request; if the client leaves first, the upstream request is closed
+        at once instead of paying for an answer nobody will read."""
         async def call(upstream: Upstream, body: dict, ctx: CallContext, route: Route):
             try:
                 return await asyncio.wait_for(upstream.complete(body, ctx), self.timeout(route))
@@ -103,8 +105,24 @@ class Proxy:
                 raise UpstreamError(f"upstream {route.name!r} failed "
                                     f"({type(exc).__name__})") from None
 
+        work = asyncio.ensure_future(self.attempt(plan, timing, call))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
-            result = await self.attempt(plan, timing, call)
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not work.done():
+                work.cancel()
+        if work.cancelled() or not work.done():
+            try:
+                await work
+            except BaseException:
+                pass
+            timing.status = "client_gone"
+            _finish(plan, timing)
+            return Response(status_code=499)  # nobody is there to read it
+        try:
+            result = work.result()
         except UpstreamError as exc:
             timing.status = _status_kind(exc)
             _finish(plan, timing)

@@ -149,7 +149,7 @@ class Gateway:
             return exc.to_response()
         if stream:
             return self.proxy.stream(plan, timing)
-        return await self.proxy.complete(plan, timing)
+        return await self.proxy.complete(plan, timing, request.receive)
 
     def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
               chain: list[Route], stream: bool, timing: RequestTiming) -> Plan:

@@ -7,6 +7,7 @@ import time
 
 import httpx
 import openai
+import pytest
 
 from tests.gateway.conftest import openai_route
 
@@ -86,3 +87,17 @@ def test_anthropic_tool_use_stream(mock_upstream, make_gateway):
             args += call.function.arguments or ""
         finish = ch.choices[0].finish_reason or finish
     assert names == ["get_weather"] and args == '{"city": "Paris"}' and finish == "tool_calls"
+
+
+def test_non_streaming_client_that_leaves_closes_the_upstream(mock_upstream, make_gateway):
+    mock_upstream.mock.behaviour.first_delay_s = 5.0
+    gw = make_gateway([openai_route(mock_upstream)])
+    body = {"model": "mock-1", "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(0.5))
+    left = time.perf_counter()
+    deadline = left + 3
+    while not mock_upstream.mock.disconnects and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    assert mock_upstream.mock.disconnects, "upstream never saw the client leave"
+    assert mock_upstream.mock.disconnects[0] - left < 1.0
