@@ -211,7 +211,9 @@ class LocalEngine:
         top_k = _integer(body, "top_k") or 0
         if top_k < -1:
             raise EngineRequestError("'top_k' must be -1, 0 (off) or positive", "top_k")
-        stop_ids = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
+        ignore_eos = bool(body.get("ignore_eos", False))
+        stop_ids = ([] if ignore_eos or self.tokenizer.eos_token_id is None
+                    else [self.tokenizer.eos_token_id])
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -219,7 +221,7 @@ class LocalEngine:
             top_k=max(top_k, 0),
             seed=_integer(body, "seed"),
             stop_token_ids=stop_ids,
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            ignore_eos=ignore_eos,
         )
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):

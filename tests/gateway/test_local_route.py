@@ -84,3 +84,21 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
         _, first = stream_usage(sdk(gw), LONG)
         _, second = stream_usage(sdk(gw), LONG)
         assert second.prompt_tokens_details.cached_tokens > 0
+
+
+def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway):
+    gw = make_gateway([local_route(tiny_model)])
+    gw.wait_ready()
+    engine = gw.gateway.upstreams["engine"].engine.engine
+    body = {"model": "tiny", "stream": True, "max_tokens": 1500, "ignore_eos": True,
+            "messages": [{"role": "user", "content": LONG}]}
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if '"content"' in line and '"content":""' not in line:
+                break
+        assert engine.has_unfinished()
+    deadline = time.monotonic() + 0.5  # generating the rest would take seconds
+    while engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.has_unfinished(), "the engine kept generating for a client that left"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
