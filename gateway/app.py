@@ -113,8 +113,9 @@ class HotPath:
 
 
 async def list_models(gateway: Gateway) -> list[dict]:
-    """Exact model names of each route, and the local engine's own cards; glob patterns are
-    not models and are not listed."""
+    """What the routes serve: exact names, the local engine's own cards, and for a route with
+    glob patterns the upstream's own list filtered by them (cached briefly; an upstream that
+    does not answer in time only leaves its models out)."""
     seen: dict[str, dict] = {}
     created = int(time.time())
     for route in gateway.table.routes:
@@ -124,9 +125,13 @@ async def list_models(gateway: Gateway) -> list[dict]:
                 await gateway.upstream_ready(route.name)
             for card in upstream.model_cards():
                 seen.setdefault(card["id"], card)
+        patterns = [name for name in route.models if any(ch in name for ch in "*?[")]
         for name in (*route.models, *route.model_map):
-            if any(ch in name for ch in "*?["):
-                continue
-            seen.setdefault(name, {"id": name, "object": "model", "created": created,
-                                   "owned_by": route.name})
+            if name not in patterns:
+                seen.setdefault(name, {"id": name, "object": "model", "created": created,
+                                       "owned_by": route.name})
+        if patterns and route.kind in ("openai", "anthropic"):
+            for card in await upstream.model_cards():
+                if route.matches(card["id"]):
+                    seen.setdefault(card["id"], card)
     return list(seen.values())

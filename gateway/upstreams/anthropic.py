@@ -34,6 +34,11 @@ class AnthropicUpstream(OpenAIUpstream):
             headers.update({k: v for k, v in extra.items() if k.startswith("anthropic-")})
         return headers
 
+    def card(self, item: dict) -> dict:
+        """Anthropic's model object ({id, display_name, created_at, type}) as an OpenAI card."""
+        return {"id": item["id"], "object": "model", "created": 0, "owned_by": "anthropic",
+                "display_name": item.get("display_name")}
+
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
         if ctx.endpoint != "chat":
             raise UpstreamError("the anthropic route kind serves /v1/chat/completions only",

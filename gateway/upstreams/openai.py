@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator
 
 import aiohttp
@@ -21,6 +22,7 @@ from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamEr
 log = logging.getLogger("firsttoken.upstream")
 
 ENDPOINT_PATHS = {"chat": "/chat/completions", "completions": "/completions"}
+MODELS_TTL_S = 60.0
 
 
 def make_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSession:
@@ -41,6 +43,7 @@ class OpenAIUpstream:
         self._warm_connections = warm_connections
         self.session: aiohttp.ClientSession | None = None
         self.warm = False
+        self._models: tuple[float, list[dict]] | None = None
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         # identity: a compressed event stream would sit in the decompressor between events.
@@ -67,6 +70,28 @@ class OpenAIUpstream:
                 log.info("warm-up of route %s failed: %s", self.route.name, type(exc).__name__)
         await asyncio.gather(*(one() for _ in range(self._warm_connections)))
         self.warm = True
+
+    async def model_cards(self) -> list[dict]:
+        """The upstream's model list in OpenAI's card shape, cached for MODELS_TTL_S."""
+        now = time.monotonic()
+        if self._models is not None and now - self._models[0] < MODELS_TTL_S:
+            return self._models[1]
+        cards: list[dict] = []
+        try:
+            async with self.session.get(self.base_url + "/models", headers=self.headers(),
+                                        timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                if resp.status == 200:
+                    cards = [self.card(item) for item in
+                             (orjson.loads(await resp.read()).get("data") or [])
+                             if isinstance(item, dict) and isinstance(item.get("id"), str)]
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, orjson.JSONDecodeError,
+                AttributeError):
+            log.info("model list of route %s unavailable", self.route.name)
+        self._models = (now, cards)
+        return cards
+
+    def card(self, item: dict) -> dict:
+        return {"object": "model", "owned_by": self.route.name, **item}
 
     async def aclose(self) -> None:
         if self.session is not None:

@@ -70,10 +70,12 @@ def test_legacy_completions(mock_upstream, make_gateway):
     assert text == "hello world"
 
 
-def test_models_lists_exact_names(mock_upstream, make_gateway):
+def test_models_lists_exact_names_and_what_the_patterns_match(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream, models=["gpt-4o", "mock-*"])])
     ids = [m.id for m in client(gw).models.list()]
-    assert ids == ["gpt-4o"]
+    assert ids == ["gpt-4o", "mock-model"]
+    gw2 = make_gateway([openai_route(mock_upstream, models=["gpt-*"])])
+    assert [m.id for m in client(gw2).models.list()] == []
 
 
 def test_other_v1_paths_pass_through(mock_upstream, make_gateway):
