@@ -101,13 +101,22 @@ class Gateway:
         except Exception as exc:
             raise GatewayError(503, f"route {name!r} failed to start: {exc}") from None
 
+    async def _usable(self, route: Route) -> bool:
+        """A fallback that failed to start is skipped rather than failing the request."""
+        try:
+            await self.upstream_ready(route.name)
+        except GatewayError:
+            return False
+        return True
+
     def route_states(self) -> dict[str, str]:
         states = {}
         for name, task in self._started.items():
             if not task.done():
                 states[name] = "starting"
             elif task.cancelled() or task.exception() is not None:
-                states[name] = "failed: " + (repr(task.exception()) if not task.cancelled() else "cancelled")
+                reason = "cancelled" if task.cancelled() else repr(task.exception())
+                states[name] = f"failed: {reason}"
             else:
                 states[name] = "ready"
         return states
@@ -138,9 +147,8 @@ class Gateway:
                     raise GatewayError(503, NO_ROUTE_HELP, code="no_route_configured")
                 raise GatewayError(404, f"The model '{model}' is not served by any route.",
                                    param="model", code="model_not_found")
-            chain = self.table.chain(route)
-            for r in chain:
-                await self.upstream_ready(r.name)
+            await self.upstream_ready(route.name)
+            chain = [route, *[r for r in self.table.chain(route)[1:] if await self._usable(r)]]
             stream = bool(body.get("stream"))
             timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
                                    wall_arrival=wall_arrival)
