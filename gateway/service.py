@@ -115,7 +115,7 @@ class Gateway:
             if not task.done():
                 states[name] = "starting"
             elif task.cancelled() or task.exception() is not None:
-                reason = "cancelled" if task.cancelled() else repr(task.exception())
+                reason = "cancelled" if task.cancelled() else type(task.exception()).__name__
                 states[name] = f"failed: {reason}"
             else:
                 states[name] = "ready"
