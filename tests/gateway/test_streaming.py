@@ -14,6 +14,15 @@ from tests.gateway.conftest import openai_route
 BODY = {"model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}
 
 
+def assert_upstream_saw_client_leave(mock, left: float) -> None:
+    """The upstream notices the dropped connection within a second of the client leaving."""
+    deadline = left + 3
+    while not mock.disconnects and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    assert mock.disconnects, "upstream never saw the client leave"
+    assert mock.disconnects[0] - left < 1.0
+
+
 def test_client_gets_event_one_before_upstream_sends_event_two(mock_upstream, make_gateway):
     hold = asyncio.Event()
     mock_upstream.mock.behaviour.hold_after_first = hold
@@ -41,11 +50,7 @@ def test_client_disconnect_closes_upstream_within_a_second(mock_upstream, make_g
             if "tok0" in line:
                 break
         left = time.perf_counter()
-    deadline = left + 3
-    while not mock_upstream.mock.disconnects and time.perf_counter() < deadline:
-        time.sleep(0.02)
-    assert mock_upstream.mock.disconnects, "upstream never saw the client leave"
-    assert mock_upstream.mock.disconnects[0] - left < 1.0
+    assert_upstream_saw_client_leave(mock_upstream.mock, left)
 
 
 def anthropic_route(server) -> dict:
@@ -96,8 +101,4 @@ def test_non_streaming_client_that_leaves_closes_the_upstream(mock_upstream, mak
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(0.5))
     left = time.perf_counter()
-    deadline = left + 3
-    while not mock_upstream.mock.disconnects and time.perf_counter() < deadline:
-        time.sleep(0.02)
-    assert mock_upstream.mock.disconnects, "upstream never saw the client leave"
-    assert mock_upstream.mock.disconnects[0] - left < 1.0
+    assert_upstream_saw_client_leave(mock_upstream.mock, left)

@@ -4,6 +4,7 @@ import random
 import orjson
 from policy_helpers import ANTHROPIC, OPENAI, chat, tool
 
+from bench.cache_hit import shuffle_keys
 from policies import build_chain
 from policies.volatile import NOTE_MARKER
 
@@ -11,16 +12,6 @@ from policies.volatile import NOTE_MARKER
 def run(body, ctx=OPENAI, **options):
     chain = build_chain(("canonicalize",), {key: str(value) for key, value in options.items()})
     return chain.apply(body, ctx)
-
-
-def shuffled_dict(value, rng):
-    if isinstance(value, dict):
-        keys = list(value)
-        rng.shuffle(keys)
-        return {key: shuffled_dict(value[key], rng) for key in keys}
-    if isinstance(value, list):
-        return [shuffled_dict(item, rng) for item in value]
-    return value
 
 
 def sample_request():
@@ -43,7 +34,7 @@ def test_same_logical_request_same_bytes_and_nothing_reordered():
     expected = orjson.dumps(run(base).body)
     rng = random.Random(5)
     for _ in range(20):
-        variant = shuffled_dict(copy.deepcopy(base), rng)
+        variant = shuffle_keys(copy.deepcopy(base), rng)
         # the schema is user content: its key order is kept by default, so keep it fixed here
         for index, original_tool in enumerate(base["tools"]):
             function = variant["tools"][index]["function"]
