@@ -477,17 +477,19 @@ def test_response_with_text_thinking_tool_use_and_cache_usage():
     assert parsed.usage.prompt_tokens_details.cached_tokens == 1000
 
 
-@pytest.mark.parametrize(
-    "stop_reason, finish",
-    [
-        ("end_turn", "stop"),
-        ("stop_sequence", "stop"),
-        ("max_tokens", "length"),
-        ("tool_use", "tool_calls"),
-        ("refusal", "content_filter"),
-        ("something_new", "stop"),
-    ],
-)
+# Anthropic stop_reason -> OpenAI finish_reason, the same for whole responses and streams.
+STOP_REASONS = [
+    ("end_turn", "stop"),
+    ("stop_sequence", "stop"),
+    ("max_tokens", "length"),
+    ("tool_use", "tool_calls"),
+    ("pause_turn", "stop"),
+    ("refusal", "content_filter"),
+    ("something_new", "stop"),
+]
+
+
+@pytest.mark.parametrize("stop_reason, finish", STOP_REASONS)
 def test_response_stop_reasons(stop_reason, finish):
     out = to_openai_response(anthropic_message([{"type": "text", "text": "x"}], stop_reason), "m")
     assert out["choices"][0]["finish_reason"] == finish
@@ -700,17 +702,7 @@ def test_stream_usage_with_cache_read_and_creation():
     assert parsed.usage.prompt_tokens_details.cached_tokens == 2048
 
 
-@pytest.mark.parametrize(
-    "stop_reason, finish",
-    [
-        ("end_turn", "stop"),
-        ("stop_sequence", "stop"),
-        ("max_tokens", "length"),
-        ("tool_use", "tool_calls"),
-        ("pause_turn", "stop"),
-        ("refusal", "content_filter"),
-    ],
-)
+@pytest.mark.parametrize("stop_reason, finish", STOP_REASONS)
 def test_stream_stop_reasons(stop_reason, finish):
     chunks, _ = run(
         [message_start(), message_delta(stop_reason, 1), MESSAGE_STOP], include_usage=False
