@@ -36,6 +36,23 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     pool_size: int = Field(256, ge=1, description="max connections per upstream")
 
+    # Limits on what a client sends (checked before parsing; see README, "Security model")
+    max_request_line_bytes: int = Field(8 * 1024, ge=256, description="method + target + version (414)")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers (431)")
+    max_headers: int = Field(100, ge=8, description="header fields per request (431)")
+    max_json_depth: int = Field(64, ge=4, le=200, description="nesting of the JSON body (400)")
+    max_messages: int = Field(4096, ge=1, description="messages in one chat request (400)")
+    max_model_chars: int = Field(256, ge=8, description="length of 'model' (400)")
+    max_upload_bytes: int = Field(512 * 1024 * 1024, gt=0,
+                                  description="non-JSON passthrough bodies (file uploads, 413)")
+    policy_thread_min_bytes: int = Field(
+        64 * 1024, ge=0, description="bodies at least this big run their policies off the event loop")
+
+    # Limits on what an upstream sends back
+    max_event_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one upstream SSE event")
+    max_response_bytes: int = Field(64 * 1024 * 1024, ge=1024,
+                                    description="one non-streaming upstream body")
+
     # Tenants
     tenant_keys: str = Field("", description="tenant:key,tenant:key; unset: open, tenant 'default'")
     admin_keys: str = ""
@@ -61,7 +78,8 @@ class Settings(BaseSettings):
     engine_device: str | None = None
     engine_dtype: str | None = None
     engine_max_num_batched_tokens: int = Field(512, ge=16)
-    engine_isolate_tenants: bool = False
+    engine_isolate_tenants: bool | None = Field(
+        None, description="tenants never share prefix-cache blocks; unset: on when tenant keys are set")
 
     log_level: str = "info"
 
@@ -71,6 +89,12 @@ class Settings(BaseSettings):
         if value.lower() not in {"critical", "error", "warning", "info", "debug"}:
             raise ValueError("expected one of critical, error, warning, info, debug")
         return value.lower()
+
+    def isolate_engine_tenants(self) -> bool:
+        """Cross-tenant prefix-cache hits are a timing side channel, so tenant mode isolates."""
+        if self.engine_isolate_tenants is not None:
+            return self.engine_isolate_tenants
+        return bool(self.tenant_keys.strip())
 
     def effective_redis_url(self, environ: Mapping[str, str] | None = None) -> str | None:
         environ = os.environ if environ is None else environ

@@ -18,7 +18,7 @@ def build_upstream(route: Route, settings: Settings,
         from gateway.upstreams.local import LocalUpstream
 
         return LocalUpstream(route, device=settings.engine_device, dtype=settings.engine_dtype,
-                             isolate_tenants=settings.engine_isolate_tenants,
+                             isolate_tenants=settings.isolate_engine_tenants(),
                              max_num_batched_tokens=settings.engine_max_num_batched_tokens)
     options = dict(api_key=route.api_key(environ), pool_size=settings.pool_size,
                    connect_timeout_s=settings.connect_timeout_s)

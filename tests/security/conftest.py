@@ -1,0 +1,25 @@
+"""Shared fixtures for the adversarial suite: two tenants and an admin in front of real loopback
+servers. Each test file owns one class of attack; see the file names."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.conftest import make_gateway, mock_upstream, openai_route  # noqa: F401
+
+TENANT_A_KEY = "sk-acme-tenant-key-1"
+TENANT_B_KEY = "sk-globex-tenant-key-2"
+ADMIN_KEY = "sk-admin-key-3"
+UPSTREAM_KEY = "sk-upstream-secret"  # what make_gateway puts in MOCK_KEY
+TENANT_KEYS = f"acme:{TENANT_A_KEY},globex:{TENANT_B_KEY}"
+SECRETS = (TENANT_A_KEY, TENANT_B_KEY, ADMIN_KEY, UPSTREAM_KEY)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def tenant_settings() -> dict:
+    """Settings for a gateway in tenant mode (pass as **kwargs to make_gateway)."""
+    return {"tenant_keys": TENANT_KEYS, "admin_keys": ADMIN_KEY}
