@@ -4,14 +4,17 @@ diagnostics that need the telemetry store. The policies themselves are pure (`po
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Mapping
 
 from policies import (DEFAULT_POLICIES, PolicyChain, PolicyConfigError, PolicyContext,
                       PolicyResult, build_chain, parse_policy_list)
-from policies.diagnostics import PrefixFingerprints, find_prefix_break, stable_prefix_tokens
+from policies.diagnostics import (PrefixBreak, PrefixFingerprints, find_prefix_break,
+                                 stable_prefix_tokens)
 
 from gateway.errors import GatewayError
+from gateway.offload import HeavyWork
 from gateway.routes import Route
 from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
 
@@ -72,38 +75,50 @@ class PolicyRunner:
             return None
 
 
-async def report_headers(telemetry, tenant: str, result: PolicyResult) -> dict[str, str]:
+async def report_headers(telemetry, tenant: str, result: PolicyResult,
+                         offload: HeavyWork | None = None) -> dict[str, str]:
     """Measure what the policies did and compare this request's prefix fingerprints with the
     family's last ones, then store these. Runs while the upstream request is in flight;
-    degrades to fewer headers rather than fail a request."""
+    degrades to fewer headers rather than fail a request. With `offload` (a big body), the
+    counting and comparing run on the heavy-work pool instead of the event loop."""
     # Yield once first: the task is created before the upstream request, and on Python < 3.12
     # aiohttp writes the request body from a task of its own, queued after this one. Going to
     # the back of the queue lets the request leave before the counting starts.
     await asyncio.sleep(0)
+    measure = functools.partial(result.measure, fingerprints=telemetry.enabled)
     try:
-        result.measure(fingerprints=telemetry.enabled)
+        if offload is not None:
+            await offload.run(tenant, measure)
+        else:
+            measure()
     except Exception:
         log.exception("measuring the policy result failed")
         return {}
     headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
     if result.fingerprints is not None and result.cache_key:
-        headers.update(await _prefix_break(telemetry, tenant, result))
+        headers.update(await _prefix_break(telemetry, tenant, result, offload))
     return headers
 
 
-async def _prefix_break(telemetry, tenant: str, result: PolicyResult) -> dict[str, str]:
+async def _prefix_break(telemetry, tenant: str, result: PolicyResult,
+                        offload: HeavyWork | None) -> dict[str, str]:
     try:
         previous_blob = await telemetry.get_fingerprints(tenant, result.cache_key)
         telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
         if previous_blob is None:
             return {}
-        previous = PrefixFingerprints.from_bytes(previous_blob)
-        found = find_prefix_break(previous, result.fingerprints)
+        compare = functools.partial(_compare, previous_blob, result.fingerprints)
+        found, stable = await offload.run(tenant, compare) if offload is not None else compare()
         if found is not None:
             telemetry.record_prefix_break(tenant, found.kind)
             return {"x-firsttoken-prefix-break": found.location}
-        return {"x-firsttoken-prefix-stable-tokens":
-                str(stable_prefix_tokens(previous, result.fingerprints))}
+        return {"x-firsttoken-prefix-stable-tokens": str(stable)}
     except Exception:
         log.exception("prefix-break diagnostics failed")
         return {}
+
+
+def _compare(previous_blob: bytes, current: PrefixFingerprints) -> tuple[PrefixBreak | None, int]:
+    previous = PrefixFingerprints.from_bytes(previous_blob)
+    found = find_prefix_break(previous, current)
+    return found, (0 if found is not None else stable_prefix_tokens(previous, current))

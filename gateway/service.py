@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
 from gateway.errors import GatewayError
+from gateway.offload import HeavyWork
 from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import read_json, require_model, validate_chat, validate_completion
@@ -64,6 +65,7 @@ class Gateway:
         self.proxy = Proxy(settings, self.upstreams)
         self.policies = PolicyRunner(settings, table.routes, environ)
         self.telemetry = self._telemetry(settings, environ)
+        self.offload = HeavyWork(settings.policy_thread_min_bytes)
         self._started: dict[str, asyncio.Task] = {}
         self._warmups: list[asyncio.Task] = []
 
@@ -131,6 +133,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
         await self.telemetry.aclose()
+        self.offload.close()
 
     # requests ------------------------------------------------------------------------------
 
@@ -152,15 +155,17 @@ class Gateway:
             stream = bool(body.get("stream"))
             timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
                                    wall_arrival=wall_arrival)
-            plan = self._plan(request, endpoint, tenant, body, model, chain, stream, timing)
+            heavy = self.offload.is_heavy(_declared_size(request))
+            plan = await self._plan(request, endpoint, tenant, body, model, chain, stream, timing,
+                                    heavy)
         except GatewayError as exc:
             return exc.to_response()
         if stream:
             return self.proxy.stream(plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
 
-    def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
-              chain: list[Route], stream: bool, timing: RequestTiming) -> Plan:
+    async def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
+                    chain: list[Route], stream: bool, timing: RequestTiming, heavy: bool) -> Plan:
         names = self.policies.names_for(chain[0], request.headers.get(POLICY_HEADER))
         client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         bodies: dict[str, dict] = {}
@@ -182,13 +187,17 @@ class Gateway:
             bodies[route.name] = out
             return out
 
-        body_for(chain[0])
+        if heavy:  # a big body: its policy work must not hold the loop from other tenants
+            await self.offload.run(tenant, body_for, chain[0])
+        else:
+            body_for(chain[0])
         primary = results[chain[0].name]
         headers = {"x-firsttoken-policies": ",".join(primary.applied) if primary else "none"}
         late = None
         if primary is not None:
             # Token counts and prefix diagnostics run while the upstream request is in flight.
-            report = asyncio.ensure_future(report_headers(self.telemetry, tenant, primary))
+            report = asyncio.ensure_future(report_headers(
+                self.telemetry, tenant, primary, self.offload if heavy else None))
             report.add_done_callback(lambda _: _note_saved(timing, primary))
 
             def late():
@@ -200,6 +209,11 @@ class Gateway:
             late_headers=late, forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
         )
+
+
+def _declared_size(request: Request) -> int:
+    declared = request.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else 0
 
 
 def _note_saved(timing: RequestTiming, result) -> None:

@@ -51,6 +51,7 @@ _LAST = ("cache_control",)
 # (order, key tuple) -> canonical key tuple; few distinct shapes occur, so this stays small.
 _shapes: dict[tuple[Sequence[str], tuple[str, ...]], tuple[str, ...]] = {}
 _MAX_SHAPES = 4096
+_MAX_SHAPE_CHARS = 1024
 
 
 def _canonical_keys(keys: tuple[str, ...], order: Sequence[str]) -> tuple[str, ...]:
@@ -61,9 +62,10 @@ def _canonical_keys(keys: tuple[str, ...], order: Sequence[str]) -> tuple[str, .
         known = [key for key in order if key in present]
         rest = sorted(key for key in keys if key not in order and key not in _LAST)
         cached = tuple(known + rest + [key for key in _LAST if key in present])
-        if len(_shapes) >= _MAX_SHAPES:
-            _shapes.clear()
-        _shapes[shape] = cached
+        if sum(map(len, keys)) <= _MAX_SHAPE_CHARS:  # a client's huge key names stay uncached
+            if len(_shapes) >= _MAX_SHAPES:
+                _shapes.clear()
+            _shapes[shape] = cached
     return cached
 
 

@@ -8,6 +8,7 @@ as read-only.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -60,6 +61,17 @@ class PolicyResult:
         return self
 
 
+MAX_CACHE_KEY_CHARS = 64
+
+
+def bounded_cache_key(key: str) -> str:
+    """A client's `prompt_cache_key` names a prefix family in the diagnostics store; a long one
+    is hashed so that a client cannot make the gateway hold (or Redis key) megabytes per family."""
+    if len(key) <= MAX_CACHE_KEY_CHARS:
+        return key
+    return "h-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
 class Policy(Protocol):
     name: str
 
@@ -86,8 +98,8 @@ class PolicyChain:
             if policy_notes:
                 notes[policy.name] = policy_notes
         client_key = current.get("prompt_cache_key")
-        cache_key = client_key if isinstance(client_key, str) and client_key else \
-            prefix_family_key(current, ctx.tenant, ctx.model)
+        cache_key = bounded_cache_key(client_key) if isinstance(client_key, str) and client_key \
+            else prefix_family_key(current, ctx.tenant, ctx.model)
         return PolicyResult(body=current, applied=list(self.names), cache_key=cache_key,
                             notes=notes, original=body)
 

@@ -1,0 +1,67 @@
+"""Policy work on big bodies leaves the event loop, one job per tenant at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+
+from gateway.offload import HeavyWork
+from tests.security.conftest import TENANT_A_KEY, auth
+
+
+async def test_a_tenant_queues_behind_itself_not_behind_others():
+    work = HeavyWork(min_bytes=0, workers=2)
+    spans: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+
+    def job(tenant: str) -> str:
+        start = time.perf_counter()
+        time.sleep(0.15)  # stands in for CPU work: it holds a worker, not the loop
+        spans[tenant].append((start, time.perf_counter()))
+        return threading.current_thread().name
+
+    loop_ticks = 0
+
+    async def ticker() -> None:
+        nonlocal loop_ticks
+        while True:
+            await asyncio.sleep(0.01)
+            loop_ticks += 1
+
+    tick = asyncio.ensure_future(ticker())
+    try:
+        names = await asyncio.gather(work.run("a", job, "a"), work.run("a", job, "a"),
+                                     work.run("b", job, "b"))
+    finally:
+        tick.cancel()
+        work.close()
+    assert all(name.startswith("firsttoken-heavy") for name in names)
+    (a1, a2), (b1,) = sorted(spans["a"]), spans["b"]
+    assert a2[0] >= a1[1]                        # tenant a's second job waited for its first
+    assert b1[0] < a1[1] and b1[0] < a2[0]       # tenant b did not wait for tenant a
+    assert loop_ticks >= 15                      # the loop kept running meanwhile
+
+
+def test_big_bodies_get_the_same_policies_off_the_loop(mock_upstream, make_gateway,
+                                                       tenant_settings):
+    from tests.gateway.conftest import openai_route
+
+    gw = make_gateway([openai_route(mock_upstream)], policy_thread_min_bytes=1024,
+                      **tenant_settings)
+    text = "Some context.   \n\n\n\n\n" + "word " * 400
+    body = {"model": "mock-a", "messages": [{"role": "system", "content": text},
+                                            {"role": "user", "content": "hi"}]}
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        big = client.post("/v1/chat/completions", json=body, headers=auth(TENANT_A_KEY))
+        jobs_after_big = gw.gateway.offload.jobs
+        small = client.post("/v1/chat/completions", headers=auth(TENANT_A_KEY), json={
+            "model": "mock-a", "messages": [{"role": "user", "content": "hi   \n\n\n\n\nthere"}]})
+    assert big.status_code == small.status_code == 200
+    assert jobs_after_big >= 1 and gw.gateway.offload.jobs == jobs_after_big  # only the big one
+    assert big.headers["x-firsttoken-policies"] == small.headers["x-firsttoken-policies"]
+    assert int(big.headers["x-firsttoken-prompt-tokens-saved"]) >= 1
+    sent = [r["body"] for r in mock_upstream.mock.requests]
+    assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]   # slimmed in the worker
+    assert sent[0]["prompt_cache_key"].startswith("ft-")         # cache hints applied too
