@@ -5,7 +5,9 @@ runs in a dedicated thread while asyncio serves HTTP. Requests and aborts reach 
 thread through a lock-free inbox; outputs come back through each request's asyncio
 queue via `loop.call_soon_threadsafe`. Detokenization and stop strings are handled in
 the thread too, so a matched stop string aborts the sequence before the next step
-spends time on it.
+spends time on it. A failure that belongs to one request (its sampling, its
+detokenization) ends that request's stream with RequestFailedError and nothing else;
+only a failed step as a whole ends every stream (EngineClosedError).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ IDLE_WAIT_S = 0.05
 
 class EngineClosedError(RuntimeError):
     """The engine thread stopped (shutdown or a failed step) before the request finished."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request alone failed inside the engine (its sampling or detokenization); the
+    engine and every other request go on. Retrying would only replay the failure."""
 
 
 @dataclass
@@ -202,7 +209,12 @@ class AsyncEngine:
                 self._fail_all(EngineClosedError(f"engine step failed: {exc}"))
                 continue
             for output in outputs:
-                self._deliver(output)
+                tracked = self._tracked.get(output.request_id)
+                try:
+                    self._deliver(output)
+                except Exception:  # detokenizing or stop strings broke on this request only
+                    logger.exception("delivering output of %s failed", output.request_id)
+                    self._fail_one(output.request_id, tracked, "detokenization failed")
         self._drain_inbox()
         self._fail_all(EngineClosedError("engine shut down"))
 
@@ -237,9 +249,21 @@ class AsyncEngine:
             self._abort_now(request_id)
             self._call_in_loop(tracked.loop, tracked.queue.put_nowait, error)
 
+    def _fail_one(self, request_id: str, tracked: _Tracked | None, message: str) -> None:
+        """End one request with RequestFailedError in its own stream; free it in the engine."""
+        if tracked is None:
+            return
+        self._abort_now(request_id)
+        self._call_in_loop(tracked.loop, tracked.queue.put_nowait, RequestFailedError(message))
+
     def _deliver(self, out: Any) -> None:
         tracked = self._tracked.get(out.request_id)
         if tracked is None:  # aborted by us; the engine may still report it once
+            return
+        if getattr(out, "error", None) is not None:  # the engine already dropped it
+            self._tracked.pop(out.request_id, None)
+            self._call_in_loop(tracked.loop, tracked.queue.put_nowait,
+                               RequestFailedError(out.error))
             return
         tracked.num_output_tokens += len(out.new_token_ids)
         tracked.num_cached_tokens = out.num_cached_tokens

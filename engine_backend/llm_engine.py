@@ -1,14 +1,16 @@
 """The synchronous engine: requests in, one scheduled step at a time, tokens out.
 
 `step()` schedules (decodes first, then prompt chunks), runs one forward over all
-of it, samples, and reports per request. It is single-threaded by design; the
-async front owns the thread that calls it.
+of it, samples, and reports per request. A request whose row cannot be sampled fails
+alone (its output carries the error); the others in the step go on. It is
+single-threaded by design; the async front owns the thread that calls it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from engine_backend.sequence import Sequence
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _generate_ids = itertools.count()
+logger = logging.getLogger(__name__)
 
 
 def _model_context_length(hf_config: dict) -> int:
@@ -47,6 +50,7 @@ class StepOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    error: str | None = None  # set when this request failed alone (finish_reason "error")
 
 
 class LLMEngine:
@@ -177,12 +181,10 @@ class LLMEngine:
                     (first_position, logits.float().cpu())
                 )
         self.scheduler.advance(batch)
-        tokens = self.sampler.sample(
-            result.logits,
-            [seq.params for seq in result.sampled],
-            [seq.generator for seq in result.sampled],
-        )
-        for seq, token in zip(result.sampled, tokens):
+        for seq, token in zip(result.sampled, self._sample(result.sampled, result.logits)):
+            if isinstance(token, Exception):
+                outputs.append(self._fail(seq, f"sampling failed ({type(token).__name__})"))
+                continue
             seq.token_ids.append(token)
             seq.finish_reason = self._finish_reason(seq, token)
             if seq.finish_reason is not None:
@@ -190,6 +192,32 @@ class LLMEngine:
                 del self.requests[seq.request_id]
             outputs.append(self._output(seq, [token]))
         return outputs
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
+        """One batched draw; if it fails, row by row, so that a row that cannot be sampled
+        (a value no check foresaw, NaN logits) fails its own request and no other."""
+        params = [seq.params for seq in seqs]
+        generators = [seq.generator for seq in seqs]
+        try:
+            return list(self.sampler.sample(logits, params, generators))
+        except Exception:
+            logger.warning("batched sampling failed; sampling %d rows one by one", len(seqs))
+        picked: list[int | Exception] = []
+        for row, seq in enumerate(seqs):
+            try:
+                picked.append(self.sampler.sample(
+                    logits[row:row + 1], params[row:row + 1], generators[row:row + 1])[0])
+            except Exception as exc:
+                logger.exception("sampling request %s failed", seq.request_id)
+                picked.append(exc)
+        return picked
+
+    def _fail(self, seq: Sequence, error: str) -> StepOutput:
+        """End one request with an error; its blocks are freed and every other goes on."""
+        seq.finish_reason = "error"
+        self.scheduler.finish(seq)
+        self.requests.pop(seq.request_id, None)
+        return self._output(seq, [], error)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
@@ -202,7 +230,7 @@ class LLMEngine:
         return None
 
     @staticmethod
-    def _output(seq: Sequence, new_token_ids: list[int]) -> StepOutput:
+    def _output(seq: Sequence, new_token_ids: list[int], error: str | None = None) -> StepOutput:
         return StepOutput(
             request_id=seq.request_id,
             new_token_ids=new_token_ids,
@@ -210,6 +238,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            error=error,
         )
 
     def generate(
@@ -231,6 +260,7 @@ class LLMEngine:
             raise
         results: dict[str, list[int]] = {request_id: [] for request_id in ids}
         remaining = set(ids)
+        errors: list[str] = []
         # Every step computes at least one token: a working engine never reaches this bound.
         max_steps = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params)) * 16 + 1000
         for _ in range(max_steps):
@@ -239,10 +269,14 @@ class LLMEngine:
             for out in self.step():
                 if out.request_id in results:
                     results[out.request_id].extend(out.new_token_ids)
+                    if out.error is not None:
+                        errors.append(f"prompt {ids.index(out.request_id)}: {out.error}")
                     if out.finished:
                         remaining.discard(out.request_id)
         if remaining:
             raise RuntimeError(f"generate made no progress on {len(remaining)} request(s)")
+        if errors:
+            raise RuntimeError("generate failed on " + "; ".join(errors))
         return [results[request_id] for request_id in ids]
 
     def enable_logits_capture(self) -> None:

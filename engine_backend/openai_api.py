@@ -16,23 +16,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine_backend import request_fields as fields
 from engine_backend.async_engine import AsyncEngine, RequestOutput, RequestStream
+from engine_backend.request_fields import EngineRequestError
 from engine_backend.sampling import SamplingParams
-from engine_backend.tokenizer import ChatTemplateError, Tokenizer
+from engine_backend.tokenizer import ChatTemplateError, ChatTemplateRenderError, Tokenizer
 
-MAX_STOP_STRINGS = 16
+__all__ = ["EngineRequestError", "LocalEngine"]
+
 # A random-weight demo rarely emits an end token; without a cap one request could run
 # to the end of the context on a CPU.
 DEMO_DEFAULT_MAX_TOKENS = 256
 
 
-class EngineRequestError(ValueError):
-    """A request the engine cannot serve; the server answers it with HTTP 400."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+@dataclass
+class _Checked:
+    body: dict
+    max_tokens: int | None
+    max_param: str
+    sampling: dict[str, Any]
+    stop: list[str]
+    include_usage: bool
+    cache_salt: str | None
 
 
 @dataclass
@@ -42,79 +47,6 @@ class _Prepared:
     stop: list[str]
     include_usage: bool
     cache_salt: str | None
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EngineRequestError(f"'{name}' must be a number", name)
-    if not low <= value <= high:
-        raise EngineRequestError(f"'{name}' must be between {low} and {high}, got {value}", name)
-    return float(value)
-
-
-def _integer(body: dict, name: str) -> int | None:
-    value = body.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise EngineRequestError(f"'{name}' must be an integer", name)
-    return value
-
-
-def _reject_unsupported(body: dict) -> None:
-    n = _integer(body, "n")
-    if n not in (None, 1):
-        raise EngineRequestError("only n=1 is supported by the local engine", "n")
-    best_of = _integer(body, "best_of")
-    if best_of not in (None, 1):
-        raise EngineRequestError("only best_of=1 is supported by the local engine", "best_of")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix"):
-        if body.get(name) not in (None, False, 0, ""):
-            raise EngineRequestError(f"'{name}' is not supported by the local engine", name)
-
-
-def _stop_strings(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise EngineRequestError("'stop' must be a string or a list of strings", "stop")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise EngineRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
-    return [s for s in stop if s]
-
-
-def _message_text(content: Any, index: int) -> str | None:
-    """OpenAI content is a string or a list of parts; the engine reads text parts only."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise EngineRequestError(
-                    f"messages[{index}]: content part {kind!r} is not supported (text only)",
-                    "messages")
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise EngineRequestError(f"messages[{index}].content must be a string or a list",
-                             "messages")
-
-
-def _normalize_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise EngineRequestError("'messages' must be a non-empty list", "messages")
-    normalized = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise EngineRequestError(f"messages[{i}] must be an object with a 'role'",
-                                     "messages")
-        normalized.append({**message, "content": _message_text(message.get("content"), i)})
-    return normalized
 
 
 def _usage(out: RequestOutput | None, num_prompt_tokens: int) -> dict:
@@ -186,8 +118,29 @@ class LocalEngine:
 
     # -- request preparation ---------------------------------------------------------------
 
-    def _prepare(self, body: Any, prompt_ids: list[int], prompt_param: str,
-                 tenant: str | None) -> _Prepared:
+    def _check(self, body: Any, tenant: str | None) -> _Checked:
+        """Every field except the prompt, checked for type and range first, so that a bad one
+        costs no template rendering or tokenization."""
+        body = fields.request_object(body)
+        fields.reject_unsupported(body)
+        fields.check_ignored(body)
+        max_tokens, max_param = fields.max_tokens(body)
+        ignore_eos = fields.boolean(body, "ignore_eos")
+        sampling = dict(temperature=fields.number(body, "temperature", 1.0, 0.0, 2.0),
+                        top_p=fields.top_p(body), top_k=fields.top_k(body),
+                        seed=fields.seed(body), ignore_eos=ignore_eos,
+                        stop_token_ids=([] if ignore_eos or self.tokenizer.eos_token_id is None
+                                        else [self.tokenizer.eos_token_id]))
+        salt = tenant if (self.isolate_tenants and tenant) else None
+        own_salt = fields.cache_salt(body)
+        if own_salt:
+            salt = f"{salt}:{own_salt}" if salt else own_salt
+        return _Checked(body, max_tokens, max_param, sampling, fields.stop_strings(body),
+                        fields.include_usage(body), salt)
+
+    def _prepare(self, checked: _Checked, prompt_ids: list[int], prompt_param: str) -> _Prepared:
+        """The checked fields plus the prompt. A max_tokens that does not fit the context is a
+        400 (as OpenAI answers it), never silently clamped."""
         if len(prompt_ids) == 0:
             raise EngineRequestError("the prompt is empty", prompt_param)
         room = self.max_model_len - len(prompt_ids)
@@ -195,66 +148,39 @@ class LocalEngine:
             raise EngineRequestError(
                 f"the prompt has {len(prompt_ids)} tokens; this model's context is "
                 f"{self.max_model_len}", prompt_param)
-        max_tokens = _integer(body, "max_completion_tokens")
-        max_param = "max_completion_tokens"
-        if max_tokens is None:
-            max_tokens, max_param = _integer(body, "max_tokens"), "max_tokens"
+        max_tokens, max_param = checked.max_tokens, checked.max_param
         if max_tokens is None:
             max_tokens = min(room, self.default_max_tokens or room)
-        elif max_tokens < 1:
-            raise EngineRequestError(f"'{max_param}' must be at least 1", max_param)
         elif max_tokens > room:
             raise EngineRequestError(
                 f"{len(prompt_ids)} prompt tokens + {max_param}={max_tokens} exceed this "
                 f"model's context of {self.max_model_len}", max_param)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-        top_k = _integer(body, "top_k") or 0
-        if top_k < -1:
-            raise EngineRequestError("'top_k' must be -1, 0 (off) or positive", "top_k")
-        ignore_eos = bool(body.get("ignore_eos", False))
-        stop_ids = ([] if ignore_eos or self.tokenizer.eos_token_id is None
-                    else [self.tokenizer.eos_token_id])
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=max(top_p, 1e-9),  # OpenAI allows 0: keep only the top token
-            top_k=max(top_k, 0),
-            seed=_integer(body, "seed"),
-            stop_token_ids=stop_ids,
-            ignore_eos=ignore_eos,
-        )
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise EngineRequestError("'stream_options' must be an object", "stream_options")
-        salt = tenant if (self.isolate_tenants and tenant) else None
-        if isinstance(body.get("cache_salt"), str) and body["cache_salt"]:
-            salt = f"{salt}:{body['cache_salt']}" if salt else body["cache_salt"]
-        return _Prepared(prompt_ids, params, _stop_strings(body),
-                         bool(options.get("include_usage")), salt)
+        try:
+            params = SamplingParams(max_tokens=max_tokens, **checked.sampling)
+        except ValueError as e:  # the engine's own bounds; the checks above name the field first
+            raise EngineRequestError(str(e)) from e
+        return _Prepared(prompt_ids, params, checked.stop, checked.include_usage,
+                         checked.cache_salt)
 
     def _prepare_chat(self, body: Any, tenant: str | None) -> _Prepared:
-        if not isinstance(body, dict):
-            raise EngineRequestError("the request body must be a JSON object")
-        _reject_unsupported(body)
-        messages = _normalize_messages(body.get("messages"))
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise EngineRequestError("'tools' must be a list", "tools")
-        extra = body.get("chat_template_kwargs") or {}
-        if not isinstance(extra, dict):
-            raise EngineRequestError("'chat_template_kwargs' must be an object",
-                                     "chat_template_kwargs")
+        checked = self._check(body, tenant)
+        body = checked.body
+        messages = fields.chat_messages(body)
+        tools = fields.tools(body)
+        extra, generation_prompt = fields.template_kwargs(body)
         try:
-            prompt_ids = self.tokenizer.encode_chat(messages, tools=tools or None, **extra)
-        except ChatTemplateError as e:
+            prompt_ids = self.tokenizer.encode_chat(
+                messages, tools=tools, add_generation_prompt=generation_prompt, **extra)
+        except ChatTemplateRenderError as e:
+            param = "chat_template_kwargs" if extra else "tools" if tools else "messages"
+            raise EngineRequestError(str(e), param) from e
+        except ChatTemplateError as e:  # the template refused the conversation
             raise EngineRequestError(str(e), "messages") from e
-        return self._prepare(body, prompt_ids, "messages", tenant)
+        return self._prepare(checked, prompt_ids, "messages")
 
     def _prepare_completion(self, body: Any, tenant: str | None) -> _Prepared:
-        if not isinstance(body, dict):
-            raise EngineRequestError("the request body must be a JSON object")
-        _reject_unsupported(body)
-        prompt = body.get("prompt")
+        checked = self._check(body, tenant)
+        prompt = checked.body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
@@ -268,7 +194,7 @@ class LocalEngine:
         else:
             raise EngineRequestError("'prompt' must be a string or a list of token ids",
                                      "prompt")
-        return self._prepare(body, prompt_ids, "prompt", tenant)
+        return self._prepare(checked, prompt_ids, "prompt")
 
     async def _submit(self, prepared: _Prepared, prompt_param: str) -> RequestStream:
         try:

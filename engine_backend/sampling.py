@@ -8,9 +8,24 @@ shares the batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+# Bounds that keep every value inside the tensors and generators it ends up in.
+MAX_TEMPERATURE = 100.0
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's convention)
+MAX_TOP_K = 2**31 - 1
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 @dataclass
@@ -26,18 +41,24 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
+        # The engine's own guard (the OpenAI front checks the same and names the field): a
+        # value that passed here can no longer break a step it shares with other requests.
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError("max_tokens must be an integer >= 1")
+        if not _is_real(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}]")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 disables it)")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be in [0, {MAX_TOP_K}] (0 disables it)")
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not MIN_SEED <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}]")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Dividing float32 logits by a temperature this small overflows to inf and NaN.
+        return self.temperature < GREEDY_BELOW
 
 
 def filter_logits(

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine_backend.async_engine import EngineClosedError, RequestFailedError
 from engine_backend.openai_api import EngineRequestError, LocalEngine
 
 logger = logging.getLogger(__name__)
@@ -57,12 +58,24 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
+def engine_error_response(exc: Exception) -> Response:
+    """A request error is the client's (400); one request failing inside the engine is a 500
+    for that request alone; an engine that stopped is a 503."""
+    if isinstance(exc, EngineRequestError):
+        return error_response(400, exc.message, param=exc.param)
+    if isinstance(exc, EngineClosedError):
+        return error_response(503, "the engine is not running", type_="server_error",
+                              code="engine_closed")
+    logger.error("request failed in the engine: %s", exc)
+    return error_response(500, f"engine error: {exc}", type_="server_error")  # our own message
+
+
 async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
-    """Start the stream, turning an error raised before the first chunk into a 400."""
+    """Start the stream, turning an error raised before the first chunk into an HTTP error."""
     try:
         first = await chunks.__anext__()
-    except EngineRequestError as e:
-        return error_response(400, e.message, param=e.param)
+    except (EngineRequestError, EngineClosedError, RequestFailedError) as e:
+        return engine_error_response(e)
     except StopAsyncIteration:
         first = None
 
@@ -73,9 +86,15 @@ async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
             async for chunk in chunks:
                 yield _sse(chunk)
         except Exception as e:  # output has started: report in-stream, never retry
-            logger.exception("stream failed")
-            yield _sse({"error": {"message": f"engine error: {type(e).__name__}",
-                                  "type": "server_error", "param": None, "code": None}})
+            if isinstance(e, RequestFailedError):  # its message was written for the client
+                message = f"engine error: {e}"
+            elif isinstance(e, EngineClosedError):
+                message = "engine error: the engine stopped"
+            else:
+                logger.exception("stream failed")
+                message = f"engine error: {type(e).__name__}"
+            yield _sse({"error": {"message": message, "type": "server_error", "param": None,
+                                  "code": None}})
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
         yield b"data: [DONE]\n\n"
@@ -88,11 +107,11 @@ def _endpoint(engine: LocalEngine, stream_fn: Callable, full_fn: Callable) -> Ca
         try:
             body = await _json_body(request)
             tenant = _tenant(request)
-            if body.get("stream"):
+            if body.get("stream") is True:
                 return await _stream_response(stream_fn(body, tenant=tenant))
             return JSONResponse(await full_fn(body, tenant=tenant))
-        except EngineRequestError as e:
-            return error_response(400, e.message, param=e.param)
+        except (EngineRequestError, EngineClosedError, RequestFailedError) as e:
+            return engine_error_response(e)
     return handle
 
 

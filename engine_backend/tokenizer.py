@@ -28,6 +28,11 @@ class ChatTemplateError(ValueError):
     """The chat template rejected the conversation (it called `raise_exception`)."""
 
 
+class ChatTemplateRenderError(ChatTemplateError):
+    """The template broke on the values it was given (a wrong type where it expected another):
+    the request's fault, since a template is a function of the request alone."""
+
+
 def _token_text(value: Any) -> str | None:
     """Special tokens in tokenizer_config.json are either a string or an AddedToken dict."""
     if isinstance(value, dict):
@@ -133,8 +138,8 @@ class Tokenizer:
             return self._compiled_template.render(**variables)
         except ChatTemplateError:
             raise
-        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from e
+        except Exception as e:  # any value the request supplied may break any template line
+            raise ChatTemplateRenderError(f"chat template failed: {type(e).__name__}: {e}") from e
 
     def encode_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:

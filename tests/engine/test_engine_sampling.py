@@ -7,7 +7,7 @@ import torch
 
 from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
-from engine_backend.sampling import Sampler, SamplingParams, filter_logits
+from engine_backend.sampling import MAX_SEED, MIN_SEED, Sampler, SamplingParams, filter_logits
 
 
 def kept(logits: list[float], temperature=1.0, top_k=0, top_p=1.0) -> list[int]:
@@ -113,12 +113,62 @@ def test_add_request_validation(checkpoint):
         engine.add_request("a", [5], SamplingParams())
 
 
-def test_sampling_params_validation():
+@pytest.mark.parametrize("bad", [
+    dict(max_tokens=0), dict(max_tokens=True), dict(max_tokens=2.0),
+    dict(top_p=0.0), dict(top_p=float("nan")),
+    dict(temperature=-1.0), dict(temperature=float("nan")), dict(temperature=float("inf")),
+    dict(top_k=-1), dict(top_k=2**63), dict(top_k=2**31), dict(top_k=True),
+    dict(seed=2**64), dict(seed=-(2**63) - 1), dict(seed=1.5), dict(seed=False),
+])
+def test_sampling_params_validation(bad):
     with pytest.raises(ValueError):
-        SamplingParams(max_tokens=0)
-    with pytest.raises(ValueError):
-        SamplingParams(top_p=0.0)
-    with pytest.raises(ValueError):
-        SamplingParams(temperature=-1.0)
-    with pytest.raises(ValueError):
-        SamplingParams(top_k=-1)
+        SamplingParams(**bad)
+
+
+def test_the_seed_bounds_are_what_torch_accepts():
+    for seed in (MIN_SEED, MAX_SEED):
+        SamplingParams(seed=seed)
+        torch.Generator().manual_seed(seed)
+    for seed in (MIN_SEED - 1, MAX_SEED + 1):
+        with pytest.raises((ValueError, RuntimeError)):
+            torch.Generator().manual_seed(seed)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    logits = torch.randn(3, 50) * 20
+    params = [SamplingParams(temperature=1e-30)] * 3
+    assert sampler.sample(logits, params, [None] * 3) == logits.argmax(1).tolist()
+
+
+def test_a_row_that_cannot_be_sampled_fails_its_request_alone(checkpoint):
+    """A value no check foresaw (here a top_k past int64, set behind the params' back) breaks
+    the batched draw; only its own request ends, with an error, and the others finish as if
+    it had never been there."""
+    folder, _ = checkpoint("llama")
+    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=64, block_size=4))
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23]]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)
+    expected = engine.generate(prompts[:2], [greedy, seeded])
+    poison = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
+    poison.top_k = 2**63
+    for request_id, prompt, params in zip("abp", prompts, [greedy, seeded, poison]):
+        engine.add_request(request_id, prompt, params)
+    outputs: dict[str, list] = {"a": [], "b": [], "p": []}
+    for _ in range(100):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    (failed,) = outputs["p"]
+    assert failed.finished and failed.finish_reason == "error" and failed.new_token_ids == []
+    assert "sampling failed" in failed.error
+    for request_id, want in zip("ab", expected):
+        assert [t for o in outputs[request_id] for t in o.new_token_ids] == want
+        assert outputs[request_id][-1].finish_reason == "length"
+        assert all(o.error is None for o in outputs[request_id])
+    assert engine.requests == {}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
+    with pytest.raises(RuntimeError, match="prompt 1: sampling failed"):
+        engine.generate(prompts[:2], [greedy, poison])

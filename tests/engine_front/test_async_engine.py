@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from engine_backend.async_engine import AsyncEngine, EngineClosedError
+from engine_backend import async_engine as async_engine_module
+from engine_backend.async_engine import AsyncEngine, EngineClosedError, RequestFailedError
 from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
-from engine_backend.tokenizer import Tokenizer
+from engine_backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -141,6 +142,74 @@ async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -
     # Text that could be the start of the stop string was held back, never sent early.
     assert all(stop not in o.text for o in outputs)
     await wait_all_blocks_free(engine)
+
+
+async def test_a_sampling_failure_ends_that_stream_alone(engine, reference) -> None:
+    """A row the sampler cannot draw (a top_k past int64 that bypassed every check) ends its
+    own stream with RequestFailedError; the concurrent streams finish with their full output
+    and the engine keeps serving."""
+    prompts = [prompt(n, n) for n in (5, 40, 130)]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = reference.generate(prompts, params)
+    poison = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    poison.top_k = 2**63
+
+    async def poisoned() -> BaseException:
+        stream = await engine.add_request(prompt(30, 7), poison)
+        with pytest.raises(RequestFailedError, match="sampling failed") as info:
+            async for _ in stream:
+                pass
+        return info.value
+
+    *results, error = await asyncio.gather(*(collect(engine, p, params) for p in prompts),
+                                           poisoned())
+    assert not isinstance(error, EngineClosedError)
+    for outputs, want in zip(results, expected):
+        assert [t for out in outputs for t in out.token_ids] == want
+        assert outputs[-1].finish_reason == "length"
+    assert engine.is_running
+    await wait_all_blocks_free(engine)
+    again = await collect(engine, prompts[0], params)
+    assert [t for out in again for t in out.token_ids] == expected[0]
+
+
+async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference,
+                                                            monkeypatch) -> None:
+    marker = prompt(30, 7)
+
+    class Fragile(IncrementalDetokenizer):
+        """Breaks on its third batch of tokens, for the marked prompt only."""
+
+        def __init__(self, tokenizer, prompt_token_ids=None, **kw) -> None:
+            super().__init__(tokenizer, prompt_token_ids, **kw)
+            self.calls, self.fragile = 0, prompt_token_ids == marker
+
+        def add(self, token_ids: list[int]) -> str:
+            self.calls += 1
+            if self.fragile and self.calls == 3:
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+            return super().add(token_ids)
+
+    monkeypatch.setattr(async_engine_module, "IncrementalDetokenizer", Fragile)
+    prompts = [prompt(n, n) for n in (5, 40, 130)]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = reference.generate(prompts, params)
+
+    async def fragile() -> list:
+        stream = await engine.add_request(marker, SamplingParams(max_tokens=40, **GREEDY))
+        seen = []
+        with pytest.raises(RequestFailedError, match="detokenization failed"):
+            async for out in stream:
+                seen.append(out)
+        return seen
+
+    *results, seen = await asyncio.gather(*(collect(engine, p, params) for p in prompts),
+                                          fragile())
+    assert len(seen) == 2 and not seen[-1].finished
+    for outputs, want in zip(results, expected):
+        assert [t for out in outputs for t in out.token_ids] == want
+        assert "".join(o.text for o in outputs) == engine.tokenizer.decode(want)
+    await wait_all_blocks_free(engine)  # the failed request was aborted in the engine too
 
 
 async def test_engine_validation_error_reaches_the_caller(engine) -> None:

@@ -128,6 +128,85 @@ async def test_bad_requests_fail_before_the_first_chunk(local, body, param) -> N
         await local.chat_completion(body)
 
 
+def deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"type": "object", "properties": {"x": value}}
+    return value
+
+
+@pytest.mark.parametrize("field, value", [
+    ("top_k", 2**63), ("top_k", 2**31), ("top_k", -2), ("top_k", True), ("top_k", 1.5),
+    ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", "1"), ("seed", True),
+    ("temperature", True), ("temperature", float("nan")), ("temperature", float("inf")),
+    ("temperature", -0.1), ("temperature", "1"),
+    ("top_p", float("nan")), ("top_p", 1.01), ("top_p", -0.1), ("top_p", False),
+    ("max_tokens", True), ("max_tokens", 2**70), ("max_tokens", 1.0), ("max_tokens", -1),
+    ("max_completion_tokens", "5"), ("max_completion_tokens", 0),
+    ("presence_penalty", 5), ("frequency_penalty", "x"), ("repetition_penalty", -1),
+    ("min_p", 2),
+    ("logit_bias", {"5": 10}), ("logit_bias", [1]), ("min_tokens", 3), ("min_tokens", -1),
+    ("n", True), ("n", 0), ("best_of", 2), ("top_logprobs", 2), ("echo", True),
+    ("ignore_eos", "false"), ("ignore_eos", 1),
+    ("stream", "yes"), ("stream_options", []), ("stream_options", {"include_usage": "yes"}),
+    ("stop", "x" * 1000), ("stop", ["a"] * 17), ("stop", {"a": 1}),
+    ("cache_salt", 5), ("cache_salt", "s" * 5000),
+    ("chat_template_kwargs", [1]), ("chat_template_kwargs", {"tools": 1}),
+    ("chat_template_kwargs", {"messages": []}),
+    ("chat_template_kwargs", {"add_generation_prompt": "no"}),
+    ("tools", {"a": 1}), ("tools", [1]), ("tools", [{"type": "function", "function": 5}]),
+    ("tools", [{"type": "function", "function": {"name": 5}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": deep(5000)}}]),
+])
+async def test_every_field_the_engine_reads_is_checked(local, field, value) -> None:
+    """A wrong type or range is a 400 naming the field, for the stream and the full answer,
+    and never reaches the engine (nothing is queued, nothing is left behind)."""
+    body = {**chat(), field: value}
+    stream = local.chat_completion_stream(body)
+    with pytest.raises(EngineRequestError) as info:
+        await stream.__anext__()
+    assert info.value.param == field
+    with pytest.raises(EngineRequestError) as info:
+        await local.chat_completion(body)
+    assert info.value.param == field
+    if field not in ("tools", "chat_template_kwargs"):  # chat only: completions never read them
+        with pytest.raises(EngineRequestError):
+            await local.completion({"prompt": "Hi", "max_tokens": 2, field: value})
+    assert local.engine.requests == {} and not local.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("content, name", [
+    ([{"type": "text", "text": {"nested": 1}}], None), ([{"type": "text", "text": 5}], None),
+    (["plain string part"], None), (5, None), ("ok", 5),
+])
+async def test_message_fields_templates_read_are_typed(local, content, name) -> None:
+    message = {"role": "user", "content": content, **({"name": name} if name else {})}
+    with pytest.raises(EngineRequestError) as info:
+        await local.chat_completion({"messages": [message], "max_tokens": 2})
+    assert info.value.param == "messages"
+
+
+async def test_values_at_their_bounds_are_served(local: LocalEngine) -> None:
+    for extra in ({"top_k": 2**31 - 1, "temperature": 2, "top_p": 0, "seed": 2**64 - 1},
+                  {"top_k": -1, "seed": -(2**63), "temperature": 1e-30},
+                  {"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {},
+                   "min_tokens": 0, "stream": False, "stream_options": None, "n": 1,
+                   "chat_template_kwargs": {"add_generation_prompt": True}}):
+        out = await local.chat_completion({**chat(), **extra, "max_tokens": 3})
+        assert out["usage"]["completion_tokens"] == 3
+
+
+async def test_a_template_that_breaks_on_the_kwargs_is_a_400(local: LocalEngine) -> None:
+    local.tokenizer.chat_template += "{% if budget is defined %}{{ 100 // budget }}{% endif %}"
+    local.tokenizer._compiled_template = None
+    ok = await local.chat_completion({**chat(), "chat_template_kwargs": {"budget": 4}})
+    assert ok["usage"]["completion_tokens"] == 8
+    with pytest.raises(EngineRequestError, match="ZeroDivisionError") as info:
+        await local.chat_completion({**chat(), "chat_template_kwargs": {"budget": 0}})
+    assert info.value.param == "chat_template_kwargs"
+
+
 async def test_bad_completion_prompts(local: LocalEngine) -> None:
     for prompt, match in ((["a", "b"], "batched"), (None, "prompt"), ([10**9], "vocabulary"),
                           ("", "empty")):

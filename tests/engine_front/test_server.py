@@ -112,6 +112,62 @@ def test_bad_requests_are_openai_400s(client: openai.OpenAI) -> None:
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=1)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("top_k", 2**63), ("seed", 2**64), ("chat_template_kwargs", {"tools": 1}),
+    ("stream", "yes"), ("logit_bias", {"7": 5}),
+])
+def test_poison_values_are_400s_and_the_engine_keeps_serving(served, field, value) -> None:
+    """What used to overflow inside a step (or break the template with a 500) is a 400 naming
+    the field; a stream that was already running finishes in full."""
+    base, engine = served
+    body = {"model": "tiny", "messages": messages(), "max_tokens": 40, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as running:
+            lines = running.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            for stream in (True, False):
+                bad = http.post("/v1/chat/completions",
+                                json={**body, "stream": stream, field: value})
+                assert bad.status_code == 400, bad.text
+                assert bad.json()["error"]["param"] == field
+            rest = [orjson.loads(line[6:]) for line in lines
+                    if line.startswith("data: {")]
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+    assert engine.async_engine.is_running
+
+
+def test_a_request_failing_in_the_engine_is_a_500_or_an_in_stream_error(served) -> None:
+    base, engine = served
+    llm = engine.engine
+    real = llm.sampler
+
+    class Breaking:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def sample(self, logits, params, generators):
+            if any(p.seed == 31337 for p in params):
+                raise RuntimeError("injected")
+            return real.sample(logits, params, generators)
+
+    body = {"model": "tiny", "messages": messages(), "max_tokens": 5, "seed": 31337}
+    llm.sampler = Breaking()
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            full = http.post("/v1/chat/completions", json=body)
+            with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            fine = http.post("/v1/chat/completions", json={**body, "seed": 1})
+    finally:
+        llm.sampler = real
+    assert full.status_code == 500
+    assert full.json()["error"]["message"] == "engine error: sampling failed (RuntimeError)"
+    assert events[-1] == "[DONE]"
+    assert orjson.loads(events[-2])["error"]["type"] == "server_error"
+    assert fine.status_code == 200 and engine.async_engine.is_running
+
+
 def test_raw_sse_framing_and_errors(served) -> None:
     base = served[0]
     with httpx.Client(base_url=base, timeout=30) as http:
