@@ -16,15 +16,18 @@ def free_port() -> int:
 
 
 class PrivateRedis:
-    """A throwaway redis-server on a loopback port, started and stopped by pid."""
+    """A throwaway redis-server on a loopback port, started and stopped by pid; with
+    `password`, the server requires it (`--requirepass`) and `url` carries it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, password: str | None = None) -> None:
         self.port = port
+        self.password = password
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -38,6 +41,7 @@ class PrivateRedis:
                 "",
                 "--appendonly",
                 "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -45,7 +49,8 @@ class PrivateRedis:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             try:
-                if redis.Redis(port=self.port, socket_connect_timeout=0.2).ping():
+                if redis.Redis(port=self.port, password=self.password,
+                               socket_connect_timeout=0.2).ping():
                     return
             except redis.exceptions.RedisError:
                 time.sleep(0.02)

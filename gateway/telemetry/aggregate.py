@@ -16,10 +16,11 @@ response of non-stream requests; sums `t_sum`, `u_sum`, `g_sum`, `c_sum`,
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+import re
+from typing import Any, Iterable, Mapping
 
 from .event import STATUSES, RequestEvent
-from .histogram import bucket_index
+from .histogram import MAX_INDEX, bucket_index
 
 Fields = dict[str, float]
 BucketKey = tuple[str, str, int]  # tenant, route, minute (unix seconds // 60)
@@ -133,3 +134,30 @@ def parse_field_value(name: str, raw: bytes | str) -> float:
     """Decode a stored field value: floats for the `*_sum` fields, integers otherwise."""
     text = raw.decode() if isinstance(raw, bytes) else raw
     return float(text) if name in FLOAT_FIELDS else int(text)
+
+
+_HISTOGRAM_FIELD = re.compile(r"[tugc]:(.*)", re.S)
+_KNOWN_FIELDS = frozenset({"n", "stream", "fb", "err", "itl_n", "prompt", "cached", "saved", "out",
+                           *FLOAT_FIELDS})
+
+
+def parse_stored_fields(raw: Mapping[Any, Any]) -> Fields:
+    """A stored bucket's counters, checked: a bucket is read from a shared store, where anyone
+    with access could have written into it. Fields of names this version does not know are
+    left out (a newer gateway may add some); a histogram index out of range or a value that is
+    not a number raises ValueError, and the caller leaves the whole bucket out."""
+    fields: Fields = {}
+    for raw_name, raw_value in raw.items():
+        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        histogram = _HISTOGRAM_FIELD.fullmatch(name)
+        if histogram is not None:
+            index = histogram.group(1)
+            if not (index.isascii() and index.isdigit() and int(index) <= MAX_INDEX):
+                raise ValueError(f"histogram field {name[:40]!r} out of range")
+        elif name not in _KNOWN_FIELDS and not name.startswith("s:"):
+            continue
+        value = parse_field_value(name, raw_value)
+        if not math.isfinite(value):
+            raise ValueError(f"field {name[:40]!r} is not finite")
+        fields[name] = value
+    return fields

@@ -50,6 +50,12 @@ class KeySpace:
         """Hash of counters for one tenant, route and minute."""
         return f"{self.prefix}:ttft:{self._tag(tenant)}:{escape_name(route)}:{minute}"
 
+    def batch_marker(self, tenant: str, writer: str) -> str:
+        """String: the newest batch number of one writer applied to a tenant (see redis_store)."""
+        if not _VERBATIM.fullmatch(writer):
+            raise ValueError(f"writer id must match [A-Za-z0-9._-]{{1,64}}, got {writer!r}")
+        return f"{self.prefix}:applied:{self._tag(tenant)}:{writer}"
+
     def fingerprints(self, tenant: str, family: str) -> str:
         """String: the last prompt-prefix fingerprints of a tenant and model family."""
         return f"{self.prefix}:fp:{self._tag(tenant)}:{escape_name(family)}"

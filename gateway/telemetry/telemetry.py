@@ -95,6 +95,23 @@ class Telemetry:
         """Events lost because the buffer was full (or, at shutdown, still unwritten)."""
         return self.writer.dropped
 
+    def health(self) -> dict:
+        """The telemetry store's state for `/readyz`, O(1) from the writer's own counters.
+
+        `degraded` while the last write or probe of the store failed (the gateway serves on,
+        buffering events up to the bound and counting what it drops); `ok` once it answers.
+        """
+        if not self.enabled:
+            return {"store": "off", "state": "disabled"}
+        writer = self.writer
+        return {
+            "store": getattr(self.store, "kind", type(self.store).__name__),
+            "state": "degraded" if writer.failures else "ok",
+            "buffered": writer.buffered,
+            "dropped": writer.dropped,
+            "failures": writer.failures,
+        }
+
     def record(self, event: RequestEvent) -> None:
         """Count one finished request: O(1), no I/O, never raises. Call it on the loop thread."""
         if not self.enabled:

@@ -80,7 +80,8 @@ async def test_hostile_names_cannot_touch_other_keys(
 
     pattern = re.compile(
         rf"{re.escape(key_prefix)}:(?:tenants|routes:\{{t={SAFE_PART}\}}"
-        rf"|ttft:\{{t={SAFE_PART}\}}:{SAFE_PART}:\d+|fp:\{{t={SAFE_PART}\}}:{SAFE_PART})"
+        rf"|ttft:\{{t={SAFE_PART}\}}:{SAFE_PART}:\d+|fp:\{{t={SAFE_PART}\}}:{SAFE_PART}"
+        rf"|applied:\{{t={SAFE_PART}\}}:[0-9a-f]{{16}})"
     )
     ours = [k.decode() for k in sync_redis.scan_iter(match=f"{key_prefix}:*", count=1000)]
     assert ours and all(pattern.fullmatch(k) for k in ours), [

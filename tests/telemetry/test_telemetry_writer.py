@@ -4,6 +4,7 @@ import time
 import redis.exceptions
 
 from gateway.telemetry import RequestEvent, Telemetry
+from gateway.telemetry import redis_store
 from gateway.telemetry.store import MemoryStore
 
 
@@ -16,12 +17,15 @@ class SwitchableStore(MemoryStore):
         self.attempts = 0
         self.batch_sizes: list[int] = []
 
-    async def write(self, aggregate, blobs) -> None:
+    async def write(self, aggregate, blobs, batch=None) -> None:
         self.attempts += 1
         if self.down:
             raise redis.exceptions.ConnectionError("connection refused")
         self.batch_sizes.append(sum(int(f.get("n", 0)) for f in aggregate.values()))
         await super().write(aggregate, blobs)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return redis_store.is_transient(exc)
 
 
 def _event(i: int = 0) -> RequestEvent:
