@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import GatewayError, sse_error_event
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import KEEPALIVE, SSE_HEADERS
+from gateway.sse import DONE, KEEPALIVE, SSE_HEADERS
 from gateway.timing import RequestTiming
 from gateway.upstreams import CallContext, OutEvent, Upstream, UpstreamError, UpstreamTimeout
 
@@ -132,15 +132,21 @@ class Proxy:
         if plan.late_headers is not None:
             headers.update(await plan.late_headers())
         _finish(plan, timing)
-        return Response(result.body, status_code=result.status, media_type=None,
-                        headers={"content-type": result.content_type, **headers})
+        response = Response(result.body, status_code=result.status, media_type=None,
+                            headers={"content-type": result.content_type, **headers})
+        if result.headers:
+            response.raw_headers.extend(result.headers)
+        return response
 
     def stream(self, plan: Plan, timing: RequestTiming) -> "StreamRelay":
         return StreamRelay(self, plan, timing)
 
 
 class StreamRelay:
-    """ASGI response that relays upstream SSE events to the client as they arrive."""
+    """ASGI response that relays upstream SSE events to the client as they arrive.
+
+    Whatever the upstream does, the client's stream ends the same way: a finish or an error
+    event, then `data: [DONE]`, and nothing after it."""
 
     def __init__(self, proxy: Proxy, plan: Plan, timing: RequestTiming) -> None:
         self.proxy = proxy
@@ -149,6 +155,11 @@ class StreamRelay:
         self.started = False
         self.client_gone = False
         self.finished = False
+        self.saw_done = False       # [DONE] went out
+        self.saw_finish = False     # a chunk with a finish_reason went out
+        self.saw_error = False      # an error event went out
+        self.saw_malformed = False  # an event turned out not to be JSON after it went out
+        self._relayed: list[tuple[bytes, bytes]] | None = None
         self._start_lock = asyncio.Lock()
         self._keepalive_timer: asyncio.TimerHandle | None = None
         self._keepalive_task: asyncio.Task | None = None
@@ -190,6 +201,8 @@ class StreamRelay:
                 headers.update(await self.plan.late_headers())
             raw = [*SSE_RAW_HEADERS,
                    *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+            if self._relayed:
+                raw.extend(self._relayed)
             await send({"type": "http.response.start", "status": 200, "headers": raw})
             self.started = True
 
@@ -222,15 +235,19 @@ class StreamRelay:
                               route: Route, send: Send):
         """Open the upstream stream and wait for its first events while a timer sends
         keepalive comments; a first-token timeout here may still be retried (the client has
-        seen no event)."""
+        seen no event). Under a first-token deadline the status is held back until the first
+        event, so no keepalive may go out before it (a keepalive would send the 200): a
+        route that never answers then still ends in a clean 504."""
         first_token_limit = self.proxy.first_token_timeout(route)
         limit = first_token_limit or self.proxy.timeout(route)
         self._keepalives_stopped = False
-        self._arm_keepalive(send)
+        if first_token_limit is None or self.started:
+            self._arm_keepalive(send)
         stream = None
         try:
             async with asyncio.timeout(limit):
                 stream = await upstream.open_stream(body, ctx)
+                self._relayed = getattr(stream, "relayed", None)
                 if first_token_limit is None:
                     # No first-token deadline to enforce with a clean 504, so the status line
                     # goes out now and the first event later travels alone, as from the
@@ -268,34 +285,61 @@ class StreamRelay:
                 response = upstream_error_response(exc, plan.response_headers)
                 await response({"type": "http"}, _no_receive, send)
             else:
-                await self._write(send, sse_error_event(exc.message, _error_type(exc)))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._end(send, sse_error_event(exc.message, _error_type(exc)) + DONE)
             return
 
         route_timeout = self.proxy.timeout(self.proxy.upstreams[timing.route].route)
         try:
             await self._start(send)
             async with asyncio.timeout(route_timeout - (time.perf_counter() - timing.upstream_sent)):
-                await self._forward(send, first)
-                async for batch in iterator:
-                    await self._forward(send, batch)
+                if not await self._forward(send, first):
+                    async for batch in iterator:
+                        if await self._forward(send, batch):
+                            await _close_iterator(iterator)  # nothing after [DONE] is read
+                            break
         except TimeoutError:
             timing.status = "timeout"
-            await self._write(send, sse_error_event("upstream timed out mid-stream", "timeout_error"))
+            tail = self._failed(sse_error_event("upstream timed out mid-stream", "timeout_error"))
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
             log.warning("stream from route %s failed: %s", timing.route, type(exc).__name__)
             timing.status = "upstream_error"
-            await self._write(send, sse_error_event(
-                f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})"))
+            message = exc.message if isinstance(exc, UpstreamError) else (
+                f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})")
+            tail = self._failed(sse_error_event(message))
+        else:
+            tail = self._ending()
         finally:
             await stream.aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._end(send, tail)
 
-    async def _forward(self, send: Send, batch: list[OutEvent]) -> None:
+    async def _end(self, send: Send, tail: bytes) -> None:
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _failed(self, error_event: bytes) -> bytes:
+        """What a failure adds to the stream: an error event and [DONE], unless [DONE] is out."""
+        return b"" if self.saw_done else error_event + DONE
+
+    def _ending(self) -> bytes:
+        """What the upstream's stream lacked at its end: a [DONE], and an error event before
+        it when the answer did not finish (the upstream closed mid-answer) or was malformed."""
+        if self.saw_done:
+            return b""
+        if self.saw_malformed:
+            self.timing.status = "upstream_error"
+            return sse_error_event(
+                f"upstream stream from route {self.timing.route!r} sent a malformed event") + DONE
+        if not (self.saw_finish or self.saw_error):
+            self.timing.status = "upstream_error"
+            return sse_error_event(
+                f"upstream stream from route {self.timing.route!r} ended before it finished") + DONE
+        return DONE
+
+    async def _forward(self, send: Send, batch: list[OutEvent]) -> bool:
         """Write a batch of events at once; read them for telemetry after the write, except
-        an event that may be the usage chunk the client did not ask for."""
+        an event that may be the usage chunk the client did not ask for. True when the stream
+        is over: [DONE] went out, or an event turned out malformed."""
         timing = self.timing
         arrived = time.perf_counter()
         keep_usage = self.plan.client_wants_usage
@@ -307,16 +351,25 @@ class StreamRelay:
         if parts:
             await self._write(send, parts[0] if len(parts) == 1 else b"".join(parts))
         written = time.perf_counter()
-        content = False
+        content = over = False
         for event in batch:
             event.resolve()
             if event.usage is not None:
                 timing.usage = event.usage
-            if event.error:
+            if event.content:
+                content = True
+            if event.finish:  # may come with the last content
+                self.saw_finish = True
+            elif event.error:
                 timing.status = "upstream_error"
-            content = content or event.content
+                self.saw_error = True
+            elif event.done:
+                self.saw_done = over = True
+            elif event.malformed:
+                self.saw_malformed = over = True
         if content:
             timing.content_arrived(arrived, written)
+        return over
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -331,10 +384,23 @@ async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
 
 
+async def _close_iterator(iterator: Any) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 def _finish(plan: Plan, timing: RequestTiming) -> None:
-    if plan.on_finish is not None:
-        plan.on_finish(timing)
+    """Record the request once. Telemetry never fails a request: whatever goes wrong in it is
+    logged (by type: the data came from an upstream), the response stands."""
+    on_finish = plan.on_finish
+    if on_finish is not None:
         plan.on_finish = None
+        try:
+            on_finish(timing)
+        except Exception as exc:
+            log.warning("telemetry event of request %s lost: %s", plan.request_id,
+                        type(exc).__name__)
 
 
 def _status_kind(exc: UpstreamError) -> str:
@@ -350,16 +416,19 @@ def _error_type(exc: UpstreamError) -> str:
 def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Response:
     """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504."""
     if 400 <= exc.status < 500 and exc.body is not None:
-        return Response(exc.body, status_code=exc.status,
-                        headers={"content-type": exc.content_type or "application/json", **headers})
-    if isinstance(exc, UpstreamTimeout):
-        status = 504
+        response = Response(exc.body, status_code=exc.status, headers={
+            "content-type": exc.content_type or "application/json", **headers})
     else:
-        status = 503 if exc.status == 503 else 502
-    error = GatewayError(status, exc.message, code="upstream_" + str(exc.status))
-    response = error.to_response()
-    response.headers.update(headers)
-    if exc.retry_after is not None and status == 503:
-        response.headers["retry-after"] = str(int(exc.retry_after))
+        if isinstance(exc, UpstreamTimeout):
+            status = 504
+        else:
+            status = 503 if exc.status == 503 else 502
+        error = GatewayError(status, exc.message, code="upstream_" + str(exc.status))
+        response = error.to_response()
+        response.headers.update(headers)
+        if exc.retry_after is not None and status == 503 and not exc.headers:
+            response.headers["retry-after"] = str(int(exc.retry_after))
+    if exc.headers:  # the upstream's Retry-After and rate-limit headers, as it sent them
+        response.raw_headers.extend(exc.headers)
     return response
 

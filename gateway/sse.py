@@ -2,6 +2,9 @@
 
 The gateway forwards each event's original bytes the moment its terminating blank line arrives;
 it parses only the `data:` payload it needs to look at (usage, first content, errors).
+
+The upstream is not trusted: one event is bounded (`max_event_bytes`), and a partial event is
+never rescanned from its start, so a stream costs time linear in its bytes however it is cut.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import orjson
 
 KEEPALIVE = b": keepalive\n\n"
 DONE = b"data: [DONE]\n\n"
+DONE_DATA = b"[DONE]"
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 SSE_HEADERS = {
     "cache-control": "no-cache, no-transform",
@@ -27,38 +32,103 @@ class SSEEvent:
     event: str | None = None
 
 
+class EventTooLarge(ValueError):
+    """An event past the limit. `events` are the whole events that came before it in the same
+    chunk, so a caller can still deliver them before it reports the failure."""
+
+    def __init__(self, limit: int, events: list[SSEEvent]) -> None:
+        super().__init__(f"an upstream event exceeded {limit} bytes")
+        self.limit = limit
+        self.events = events
+
+
 class SSEParser:
-    """Incremental parser: feed chunks, get back the events they complete."""
+    """Incremental parser: feed chunks, get back the events they complete.
 
-    __slots__ = ("_buffer",)
+    The common case (no partial event held, `\\n` line ends) takes the same few steps as a
+    plain split of the chunk. A partial event is kept as a list of its pieces, joined once when
+    its end arrives, and only the new bytes are searched for that end.
+    """
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    __slots__ = ("_parts", "_size", "_cr", "_limit")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._parts: list[bytes] = []   # the partial event held, in pieces
+        self._size = 0
+        self._cr = False          # the last chunk ended in `\r`: a leading `\n` belongs to it
+        self._limit = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        buffer = self._buffer + chunk if self._buffer else chunk
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        events = []
+        if self._cr or b"\r" in chunk:
+            chunk = self._normalise(chunk)
+        if self._parts:
+            return self._feed_pending(chunk)
+        return self._split(chunk, [])
+
+    def _split(self, buffer: bytes, events: list[SSEEvent]) -> list[SSEEvent]:
+        """Whole events from `buffer` (which starts at an event boundary); holds the tail."""
         start = 0
         while True:
             end = buffer.find(b"\n\n", start)
             if end < 0:
                 break
+            if end + 2 - start > self._limit:
+                raise EventTooLarge(self._limit, events)
             events.append(_parse_event(buffer[start:end + 2]))
             start = end + 2
-        self._buffer = buffer[start:]
+        if start < len(buffer):
+            self._hold(buffer[start:] if start else buffer, events)
         return events
+
+    def _hold(self, tail: bytes, events: list[SSEEvent]) -> None:
+        if len(tail) > self._limit:
+            raise EventTooLarge(self._limit, events)
+        self._parts = [tail]
+        self._size = len(tail)
+
+    def _feed_pending(self, chunk: bytes) -> list[SSEEvent]:
+        if not chunk:
+            return []
+        parts = self._parts
+        if chunk[:1] == b"\n" and parts[-1].endswith(b"\n"):
+            cut = 1  # the blank line straddles the two chunks
+        else:
+            end = chunk.find(b"\n\n")
+            if end < 0:
+                parts.append(chunk)
+                self._size += len(chunk)
+                if self._size > self._limit:
+                    raise EventTooLarge(self._limit, [])
+                return []
+            cut = end + 2
+        if self._size + cut > self._limit:
+            raise EventTooLarge(self._limit, [])
+        parts.append(chunk[:cut])
+        first = _parse_event(b"".join(parts))
+        self._parts = []
+        self._size = 0
+        return self._split(chunk[cut:], [first])
+
+    def _normalise(self, chunk: bytes) -> bytes:
+        """CRLF and CR line ends -> LF, also when a CRLF pair is split across two chunks."""
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._cr = chunk.endswith(b"\r")
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def flush(self) -> list[SSEEvent]:
         """The unterminated tail at end of stream, if any (some servers omit the last blank line)."""
-        tail, self._buffer = self._buffer, b""
+        tail = b"".join(self._parts)
+        self._parts = []
+        self._size = 0
         if tail.strip():
             return [_parse_event(tail.rstrip(b"\n") + b"\n\n")]
         return []
 
 
 def _parse_event(raw: bytes) -> SSEEvent:
+    if raw.startswith(b"data: ") and raw.find(b"\n", 6) == len(raw) - 2:
+        return SSEEvent(raw, raw[6:-2])  # the usual event: one `data: ` line
     data_lines = []
     name = None
     for line in raw.split(b"\n"):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+# A token count above this is not a count (and would overflow a Redis counter in time).
+MAX_TOKEN_COUNT = 1 << 40
 
 
 @dataclass(slots=True)
@@ -37,9 +41,11 @@ class RequestTiming:
         from gateway.telemetry import RequestEvent
 
         end = time.perf_counter()
-        usage = self.usage or {}
-        details = usage.get("prompt_tokens_details") or {}
-        output_tokens = int(usage.get("completion_tokens") or 0)
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        details = usage.get("prompt_tokens_details")
+        if not isinstance(details, dict):
+            details = {}
+        output_tokens = token_count(usage.get("completion_tokens"))
         ttft = upstream_ttft = mean_itl = None
         if self.stream and self.first_content_out is not None:
             ttft = self.first_content_out - self.arrival
@@ -52,8 +58,16 @@ class RequestTiming:
             tenant=self.tenant, route=self.route, model=self.model, stream=self.stream,
             status=self.status, ttft_s=ttft, upstream_ttft_s=upstream_ttft,
             total_s=end - self.arrival, output_tokens=output_tokens, mean_itl_s=mean_itl,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            cached_prompt_tokens=int(details.get("cached_tokens") or 0),
+            prompt_tokens=token_count(usage.get("prompt_tokens")),
+            cached_prompt_tokens=token_count(details.get("cached_tokens")),
             prompt_tokens_saved=self.prompt_tokens_saved, fallback=self.fallback,
             ts=self.wall_arrival,
         )
+
+
+def token_count(value: Any) -> int:
+    """A usage field from upstream, which is untrusted: anything but a non-negative integer
+    (a string, a float, a negative or absurd number, nested junk) counts as 0, alone."""
+    if type(value) is int and 0 <= value <= MAX_TOKEN_COUNT:
+        return value
+    return 0

@@ -21,7 +21,9 @@ def build_upstream(route: Route, settings: Settings,
                              isolate_tenants=settings.isolate_engine_tenants(),
                              max_num_batched_tokens=settings.engine_max_num_batched_tokens)
     options = dict(api_key=route.api_key(environ), pool_size=settings.pool_size,
-                   connect_timeout_s=settings.connect_timeout_s)
+                   connect_timeout_s=settings.connect_timeout_s,
+                   max_event_bytes=settings.max_event_bytes,
+                   max_response_bytes=settings.max_response_bytes)
     if route.kind == "anthropic":
         from gateway.upstreams.anthropic import AnthropicUpstream
 

@@ -5,19 +5,24 @@ Translation lives in `anthropic_format` (pure); this module only does the HTTP.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import AsyncIterator
 
 import aiohttp
 import orjson
 
-from gateway.sse import SSEParser, encode_data
+from gateway.errors import sse_error_event
+from gateway.sse import (DEFAULT_MAX_EVENT_BYTES, DONE, EventTooLarge, SSEEvent, SSEParser,
+                         encode_data)
 from gateway.upstreams.anthropic_format import (AnthropicStreamError, AnthropicStreamTranslator,
                                                 TranslationError, error_to_openai,
                                                 to_anthropic_request, to_openai_response)
 from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError,
-                                    chunk_has_content)
+                                    chunk_has_content, client_error, encode_body, relayed_headers)
 from gateway.upstreams.openai import OpenAIUpstream
+
+log = logging.getLogger("firsttoken.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -40,17 +45,22 @@ class AnthropicUpstream(OpenAIUpstream):
                 "display_name": item.get("display_name")}
 
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
+        """The Messages body, or a 400 naming the field that cannot be translated: a client's
+        malformed input is never an upstream failure (502) nor retried."""
         if ctx.endpoint != "chat":
-            raise UpstreamError("the anthropic route kind serves /v1/chat/completions only",
-                                status=400, retryable=False)
+            raise client_error("the anthropic route kind serves /v1/chat/completions only, "
+                               "not /v1/completions", "model")
         try:
-            return orjson.dumps(to_anthropic_request(body, ctx.upstream_model))
+            translated = to_anthropic_request(body, ctx.upstream_model)
         except TranslationError as exc:
-            raise UpstreamError(str(exc), status=400, retryable=False,
-                                body=orjson.dumps({"error": {"message": str(exc),
-                                                             "type": "invalid_request_error",
-                                                             "param": exc.param, "code": None}}),
-                                content_type="application/json") from None
+            raise client_error(str(exc), exc.param) from None
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            # A shape the translator's checks missed; the client's body is the only input.
+            log.warning("untranslatable request for route %s: %s", self.route.name,
+                        type(exc).__name__)
+            raise client_error("the request cannot be translated for an Anthropic model "
+                               f"({type(exc).__name__})") from None
+        return encode_body(translated)
 
     async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
         payload = self._translate(body, ctx)
@@ -64,61 +74,107 @@ class AnthropicUpstream(OpenAIUpstream):
 
     async def open_stream(self, body: dict, ctx: CallContext) -> "AnthropicEventStream":
         resp = await self._post_translated({**body, "stream": True}, ctx)
+        self._expect(resp, stream=True)
         translator = AnthropicStreamTranslator(ctx.upstream_model, include_usage=True,
                                                created=int(time.time()), request_id=f"chatcmpl-{ctx.request_id}")
-        return AnthropicEventStream(resp, translator)
+        return AnthropicEventStream(resp, translator, self.max_event_bytes, self.route.name)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
         resp = await self._post_translated({**body, "stream": False}, ctx)
+        self._expect(resp, stream=False)
+        raw = await self.read_body(resp)
         try:
-            raw = await resp.read()
-        finally:
-            resp.release()
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise UpstreamError(f"upstream {self.route.name!r} answered with a body that is not "
+                                "a JSON object", status=502)
         try:
-            out = to_openai_response(orjson.loads(raw), ctx.upstream_model)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            out = to_openai_response(parsed, ctx.upstream_model)
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise UpstreamError("upstream sent a malformed Anthropic response", status=502,
                                 retryable=False) from None
-        return Completed(200, orjson.dumps(out), "application/json", out.get("usage"))
+        return Completed(200, orjson.dumps(out), "application/json", out.get("usage"),
+                         relayed_headers(resp.raw_headers))
 
 
 class AnthropicEventStream:
     """Anthropic SSE -> OpenAI chunks. Usage is always requested from the translator, so the
-    proxy learns token counts; it strips the usage chunk when the client did not ask for it."""
+    proxy learns token counts; it strips the usage chunk when the client did not ask for it.
 
-    def __init__(self, resp: aiohttp.ClientResponse, translator: AnthropicStreamTranslator) -> None:
+    The stream ends at `message_stop` (then `[DONE]`; nothing after it is read) or at an error:
+    an Anthropic `error` event, an event that is not a JSON object, one past `max_event_bytes`,
+    or the upstream closing before `message_stop`, each of which ends with an error event."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, translator: AnthropicStreamTranslator,
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, route: str = "anthropic") -> None:
         self._resp = resp
         self._translator = translator
+        self._max_event_bytes = max_event_bytes
+        self._route = route
+        self.relayed = relayed_headers(resp.raw_headers)
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        parser = SSEParser()
-        translator = self._translator
+        parser = SSEParser(self._max_event_bytes)
         async for chunk in self._resp.content.iter_any():
-            out: list[OutEvent] = []
-            for event in parser.feed(chunk):
-                if event.data is None:
-                    continue
-                try:
-                    data = orjson.loads(event.data)
-                except orjson.JSONDecodeError:
-                    continue
-                name = event.event or (data.get("type") if isinstance(data, dict) else None)
-                try:
-                    chunks = translator.feed(name or "", data)
-                except AnthropicStreamError as exc:  # e.g. overloaded_error mid-answer
-                    out.append(OutEvent(encode_data(exc.to_openai()), error=True))
-                    continue
-                for c in chunks:
-                    usage = c.get("usage")
-                    out.append(OutEvent(encode_data(c), content=chunk_has_content(c), usage=usage,
-                                        usage_only=usage is not None and not c.get("choices")))
-                if name == "message_stop":
-                    out.append(OutEvent(b"data: [DONE]\n\n", done=True))
+            try:
+                events = parser.feed(chunk)
+            except EventTooLarge as exc:
+                out, ended = self._translate(exc.events)
+                if out:
+                    yield out
+                if ended:
+                    return
+                raise UpstreamError(f"upstream {self._route!r} sent an event over "
+                                    f"{exc.limit} bytes", status=502, retryable=False) from None
+            out, ended = self._translate(events)
             if out:
                 yield out
+            if ended:
+                return
+        out, ended = self._translate(parser.flush())
+        if not ended:
+            out.append(self._error("the upstream stream ended before message_stop"))
+        yield out
+
+    def _translate(self, events: list[SSEEvent]) -> tuple[list[OutEvent], bool]:
+        """OpenAI events for these Anthropic events, and whether the stream is over."""
+        out: list[OutEvent] = []
+        translator = self._translator
+        for event in events:
+            if event.data is None:
+                continue
+            try:
+                data = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                data = None
+            if not isinstance(data, dict):
+                out.append(self._error("the upstream sent an event that is not a JSON object"))
+                return out, True
+            name = event.event if event.event and event.event != "message" else data.get("type")
+            try:
+                chunks = translator.feed(name if isinstance(name, str) else "", data)
+            except AnthropicStreamError as exc:  # e.g. overloaded_error mid-answer
+                out.append(OutEvent(encode_data(exc.to_openai()), error=True))
+                return out, True
+            except (AttributeError, TypeError, ValueError, KeyError):
+                out.append(self._error(f"the upstream sent a malformed {str(name)[:40]!r} event"))
+                return out, True
+            for c in chunks:
+                usage = c.get("usage")
+                choices = c.get("choices")
+                finish = bool(choices) and choices[0]["finish_reason"] is not None
+                out.append(OutEvent(encode_data(c), content=chunk_has_content(c), usage=usage,
+                                    usage_only=usage is not None and not choices, finish=finish))
+            if name == "message_stop":
+                out.append(OutEvent(DONE, done=True))
+                return out, True
+        return out, False
+
+    def _error(self, message: str) -> OutEvent:
+        return OutEvent(sse_error_event(f"route {self._route!r}: {message}"), error=True)
 
     async def aclose(self) -> None:
         if not self._resp.closed:
             self._resp.close()
-
-

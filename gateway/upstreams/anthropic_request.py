@@ -364,7 +364,8 @@ def _translate_tool_choice(choice: Any, parallel_tool_calls: Any) -> dict | None
     elif choice == "required":
         translated = {"type": "any"}
     elif isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not name:
             raise TranslationError("tool_choice needs a function name", "tool_choice.function.name")
         translated = {"type": "tool", "name": name}

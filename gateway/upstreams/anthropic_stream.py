@@ -56,16 +56,18 @@ def finish_reason(stop_reason: str | None) -> str | None:
     """Anthropic `stop_reason` -> OpenAI `finish_reason` (unknown reasons read as "stop")."""
     if stop_reason is None:
         return None
-    return FINISH_REASONS.get(stop_reason, "stop")
+    return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def openai_usage(usage: dict) -> dict:
-    """Anthropic usage -> OpenAI usage, with the cache-write count kept visible."""
-    fresh = usage.get("input_tokens") or 0
-    cache_read = usage.get("cache_read_input_tokens") or 0
-    cache_write = usage.get("cache_creation_input_tokens") or 0
+def openai_usage(usage: Any) -> dict:
+    """Anthropic usage -> OpenAI usage, with the cache-write count kept visible. A count that
+    is not a non-negative integer is read as 0: a bad field loses only itself."""
+    usage = _obj(usage)
+    fresh = _count(usage.get("input_tokens"))
+    cache_read = _count(usage.get("cache_read_input_tokens"))
+    cache_write = _count(usage.get("cache_creation_input_tokens"))
     prompt = fresh + cache_read + cache_write
-    completion = usage.get("output_tokens") or 0
+    completion = _count(usage.get("output_tokens"))
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -80,7 +82,10 @@ def to_openai_response(resp: dict, model: str, *, created: int | None = None) ->
     texts: list[str] = []
     thoughts: list[str] = []
     tool_calls: list[dict] = []
-    for block in resp.get("content") or []:
+    content = resp.get("content")
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
         kind = block.get("type")
         if kind == "text":
             texts.append(block.get("text", ""))
@@ -119,7 +124,7 @@ def to_openai_response(resp: dict, model: str, *, created: int | None = None) ->
                 "finish_reason": finish_reason(resp.get("stop_reason")) or "stop",
             }
         ],
-        "usage": openai_usage(resp.get("usage") or {}),
+        "usage": openai_usage(resp.get("usage")),
     }
 
 
@@ -155,7 +160,7 @@ class AnthropicStreamTranslator:
         if kind == "content_block_start":
             return self._on_block_start(data)
         if kind == "message_start":
-            return self._on_message_start(data.get("message") or {})
+            return self._on_message_start(_obj(data.get("message")))
         if kind == "message_delta":
             return self._on_message_delta(data)
         if kind == "message_stop":
@@ -163,20 +168,21 @@ class AnthropicStreamTranslator:
                 return [{**self._chunk_head(), "choices": [], "usage": self.usage}]
             return []
         if kind == "error":
-            error = data.get("error") or {}
+            error = _obj(data.get("error"))
             raise AnthropicStreamError(
-                error.get("message") or "upstream stream error", error.get("type") or "api_error"
+                str(error.get("message") or "upstream stream error"),
+                str(error.get("type") or "api_error"),
             )
         return []  # ping, content_block_stop, and event types added after this was written
 
     def _on_message_start(self, message: dict) -> list[dict]:
         if self.id is None:
             self.id = message.get("id") or _new_id()
-        self._update_usage(message.get("usage") or {})
+        self._update_usage(_obj(message.get("usage")))
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _on_block_start(self, data: dict) -> list[dict]:
-        block = data.get("content_block") or {}
+        block = _obj(data.get("content_block"))
         kind = block.get("type")
         if kind == "tool_use":
             tool_index = len(self._tool_index_by_block)
@@ -197,7 +203,7 @@ class AnthropicStreamTranslator:
         return []
 
     def _on_block_delta(self, data: dict) -> list[dict]:
-        delta = data.get("delta") or {}
+        delta = _obj(data.get("delta"))
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
@@ -215,8 +221,8 @@ class AnthropicStreamTranslator:
         return []  # signature_delta, citations_delta: nothing OpenAI clients can use
 
     def _on_message_delta(self, data: dict) -> list[dict]:
-        self._update_usage(data.get("usage") or {})
-        reason = finish_reason((data.get("delta") or {}).get("stop_reason"))
+        self._update_usage(_obj(data.get("usage")))
+        reason = finish_reason(_obj(data.get("delta")).get("stop_reason"))
         if reason is None:
             return []
         return [self._chunk({}, finish_reason=reason)]
@@ -224,7 +230,7 @@ class AnthropicStreamTranslator:
     def _update_usage(self, usage: dict) -> None:
         """Anthropic's counts are cumulative; later events may repeat or raise earlier ones."""
         for name, value in usage.items():
-            if isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 self._anthropic_usage[name] = value
         self.usage = openai_usage(self._anthropic_usage)
 
@@ -268,6 +274,18 @@ def error_to_openai(status: int, body: bytes) -> dict:
         return _error_body(error, fallback_type)
     excerpt = body[:500].decode("utf-8", "replace").strip()
     return _error_body(excerpt or f"upstream returned HTTP {status}", fallback_type)
+
+
+def _obj(value: Any) -> dict:
+    """`value` when it is an object, else an empty one: an unexpected shape from upstream is
+    ignored like an unknown field, not a crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 0
 
 
 def _error_body(message: str, error_type: str) -> dict:

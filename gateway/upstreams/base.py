@@ -22,7 +22,9 @@ class OutEvent:
     usage: dict | None = None
     usage_only: bool = False    # the include_usage chunk (choices == [])
     done: bool = False          # data: [DONE]
-    error: bool = False         # an in-stream error from upstream
+    error: bool = False         # an in-stream error (from upstream, or ours about it)
+    finish: bool = False        # a choice carries a finish_reason
+    malformed: bool = False     # the payload is not a JSON object: the stream cannot go on
     data: bytes | None = None   # the `data:` payload, while the fields above are not yet read
     resolved: bool = True
 
@@ -55,14 +57,16 @@ class OutEvent:
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return self
+            chunk = None
         if not isinstance(chunk, dict):
+            self.malformed = True
             return self
         if "error" in chunk and "choices" not in chunk:
             self.error = True
             return self
         self.usage = usage_from_chunk(chunk)
         self.content = chunk_has_content(chunk)
+        self.finish = chunk_finishes(chunk)
         self.usage_only = self.usage is not None and not chunk.get("choices")
         return self
 
@@ -84,6 +88,7 @@ class Completed:
     body: bytes
     content_type: str
     usage: dict | None
+    headers: list[tuple[bytes, bytes]] | None = None   # upstream rate-limit headers to relay
 
 
 class UpstreamError(Exception):
@@ -91,7 +96,8 @@ class UpstreamError(Exception):
 
     def __init__(self, message: str, *, status: int = 502, retryable: bool = True,
                  body: bytes | None = None, content_type: str | None = None,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -99,6 +105,25 @@ class UpstreamError(Exception):
         self.body = body
         self.content_type = content_type
         self.retry_after = retry_after
+        self.headers = headers      # Retry-After and rate-limit headers the client should see
+
+
+def client_error(message: str, param: str | None = None) -> UpstreamError:
+    """A request this upstream kind cannot take: a 400 with an OpenAI body, never retried (the
+    same body would fail the same way on every route)."""
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                   "param": param, "code": None}})
+    return UpstreamError(message, status=400, retryable=False, body=body,
+                         content_type="application/json")
+
+
+def encode_body(body: dict) -> bytes:
+    """The upstream request's bytes; a body orjson cannot write (nesting past its limit, an
+    integer past 64 bits) is the client's error, not the upstream's."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        raise client_error(f"the request body cannot be encoded as JSON ({exc})") from None
 
 
 class UpstreamTimeout(UpstreamError):
@@ -107,6 +132,13 @@ class UpstreamTimeout(UpstreamError):
 
 
 class EventStream(Protocol):
+    """Batches of events, one per upstream read. It ends after `[DONE]` (nothing after it is
+    read) or with an error event when the upstream breaks its protocol. `relayed`: upstream
+    response headers for the client (rate limits), or None; the proxy reads it with getattr so
+    a kind without response headers may leave it out."""
+
+    relayed: list[tuple[bytes, bytes]] | None
+
     def __aiter__(self) -> AsyncIterator[list[OutEvent]]: ...
     async def aclose(self) -> None: ...
 
@@ -129,14 +161,52 @@ def retry_after_seconds(value: str | None) -> float | None:
         return None
 
 
+# Response headers relayed to the client: what it needs to pace itself against the provider.
+RELAYED_PREFIXES = (b"x-ratelimit-", b"anthropic-ratelimit-")
+RETRY_HEADERS = frozenset({b"retry-after", b"retry-after-ms"})
+MAX_RELAYED_HEADERS = 32
+_RELAYED_FIRST = frozenset(b"xXaA")   # first bytes of RELAYED_PREFIXES, either case
+_RETRY_FIRST = frozenset(b"xXaArR")
+
+
+def relayed_headers(raw_headers: tuple[tuple[bytes, bytes], ...],
+                    retry: bool = False) -> list[tuple[bytes, bytes]] | None:
+    """The upstream's rate-limit headers (and, for an error, its Retry-After), lower-cased, at
+    most MAX_RELAYED_HEADERS of them; None when there are none. Runs once per response, before
+    the first event, so a header's first byte is checked before anything is lower-cased."""
+    first = _RETRY_FIRST if retry else _RELAYED_FIRST
+    out = None
+    for name, value in raw_headers:
+        if not name or name[0] not in first:
+            continue
+        lower = name.lower()
+        if lower.startswith(RELAYED_PREFIXES) or (retry and lower in RETRY_HEADERS):
+            if out is None:
+                out = []
+            out.append((lower, value))
+            if len(out) >= MAX_RELAYED_HEADERS:
+                break
+    return out
+
+
 def usage_from_chunk(chunk: dict) -> dict | None:
     usage = chunk.get("usage")
     return usage if isinstance(usage, dict) else None
 
 
+def chunk_finishes(chunk: dict) -> bool:
+    """True for a chunk where a choice ends (a finish_reason)."""
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            return True
+    return False
+
+
 def chunk_has_content(chunk: dict) -> bool:
     """True for a chunk a user would see: text, a tool-call delta or reasoning (not role-only)."""
-    for choice in chunk.get("choices") or ():
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         if choice.get("text"):

@@ -12,6 +12,7 @@ from gateway.upstreams.anthropic_format import (
     AnthropicStreamTranslator,
     TranslationError,
     error_to_openai,
+    openai_usage,
     to_anthropic_request,
     to_openai_response,
 )
@@ -326,6 +327,14 @@ def test_bad_tool_choice_raises():
     with pytest.raises(TranslationError) as info:
         translate([{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="sometimes")
     assert info.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("function", ["f", ["f"], 3, {"name": 3}, {}])
+def test_tool_choice_function_of_wrong_shape_raises_with_param(function):
+    with pytest.raises(TranslationError) as info:
+        translate([{"role": "user", "content": "x"}], tools=TOOLS,
+                  tool_choice={"type": "function", "function": function})
+    assert info.value.param == "tool_choice.function.name"
 
 
 def test_sampling_fields_stop_stream_user_and_max_tokens():
@@ -722,6 +731,24 @@ def test_error_event_raises_with_message_and_type():
     assert (info.value.message, info.value.type) == ("Overloaded", "overloaded_error")
     assert info.value.to_openai()["error"]["type"] == "overloaded_error"
     assert translator.saw_content
+
+
+def test_events_of_unexpected_shape_are_ignored_like_unknown_fields():
+    translator = AnthropicStreamTranslator("m", include_usage=True)
+    translator.feed("message_start", {"type": "message_start", "message": "odd"})
+    translator.feed("message_delta", {"type": "message_delta", "delta": [1], "usage": "x"})
+    translator.feed("content_block_delta", {"type": "content_block_delta", "delta": None})
+    chunks = translator.feed(
+        "message_delta", {"delta": {"stop_reason": ["?"]}, "usage": {"output_tokens": -3}})
+    assert chunks[0]["choices"][0]["finish_reason"] == "stop"
+    assert translator.usage["completion_tokens"] == 0
+
+
+def test_usage_fields_of_the_wrong_type_count_as_zero_one_by_one():
+    usage = openai_usage({"input_tokens": 4, "output_tokens": "abc",
+                          "cache_read_input_tokens": [1], "cache_creation_input_tokens": -2})
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (4, 0)
+    assert openai_usage("junk")["total_tokens"] == 0
 
 
 def test_event_name_falls_back_to_data_type_and_unknown_events_are_ignored():

@@ -127,7 +127,7 @@ def test_stream_cut_before_any_event_is_retried(mock_upstream, make_gateway):
     with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=20, json={
             "model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
         body = r.read().decode()
-    assert '"error"' in body and body.rstrip().endswith("}")
+    assert '"error"' in body and body.rstrip().endswith('}\n\ndata: [DONE]')
     assert len(mock_upstream.mock.requests) == 2
 
 
