@@ -9,6 +9,7 @@ from typing import Mapping
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -53,12 +54,7 @@ def create_app(settings: Settings | None = None,
                              200 if ready else 503)
 
     async def other_v1(request: Request) -> Response:
-        try:
-            gateway.keys.tenant_for(request)
-            return await passthrough(request, gateway.table, gateway.upstreams,
-                                     settings.max_body_bytes, request.path_params["path"])
-        except GatewayError as exc:
-            return exc.to_response()
+        return await passthrough(request, gateway)  # auth, path checks and errors inside
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -78,12 +74,47 @@ def create_app(settings: Settings | None = None,
         Route("/v1/{path:path}", other_v1,
               methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: internal_error})
     app.state.gateway = gateway
     return HotPath(app, gateway)
 
 
-HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# With or without a trailing slash: the variant must not slip past validation, policies and
+# telemetry into passthrough.
+HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/chat/completions/": "chat",
+             "/v1/completions": "completions", "/v1/completions/": "completions"}
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 and 405 (no route, wrong method), in OpenAI's shape."""
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")  # built from a set: sorted, stable
+        allow = ", ".join(sorted(m.strip() for m in allowed.split(",") if m.strip()))
+        return method_not_allowed(request.method, request.url.path, allow)
+    if exc.status_code == 404:
+        return GatewayError(404, f"Invalid URL ({request.method} {_shown(request.url.path)}).",
+                            type="invalid_request_error", code="unknown_url").to_response()
+    return GatewayError(exc.status_code, exc.detail, type="invalid_request_error").to_response()
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """An unexpected exception: logged by the server, answered without internals."""
+    return GatewayError(500, "Internal gateway error.").to_response()
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> Response:
+    response = GatewayError(
+        405, f"Method {method} is not allowed on {_shown(path)}"
+             + (f"; allowed: {allow}." if allow else "."),
+        type="invalid_request_error", code="method_not_allowed").to_response()
+    if allow:
+        response.headers["allow"] = allow
+    return response
+
+
+def _shown(path: str, limit: int = 200) -> str:
+    return path if len(path) <= limit else path[:limit] + "..."
 
 
 class HotPath:
@@ -101,8 +132,12 @@ class HotPath:
 
     async def __call__(self, scope, receive, send) -> None:
         endpoint = HOT_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if endpoint is None:
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            # GET /v1/chat/completions is OpenAI's stored-completions list: not served here.
+            await method_not_allowed(scope["method"], scope["path"], "POST")(scope, receive, send)
             return
         try:
             response = await self.gateway.handle(Request(scope, receive), endpoint)

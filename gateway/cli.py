@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import sys
@@ -12,6 +13,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.server import server_config
     from gateway.settings import SettingsError, load_settings
 
     try:
@@ -26,10 +28,12 @@ def _serve(args: argparse.Namespace) -> int:
     # them again and again on the request path.
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level,
-                access_log=args.access_log, loop="auto", http="auto", lifespan="on",
-                timeout_keep_alive=75)
-    return 0
+    server = uvicorn.Server(server_config(
+        app, settings, host=args.host, port=args.port, log_level=settings.log_level,
+        access_log=args.access_log, loop="auto", lifespan="on", timeout_keep_alive=75))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,21 +22,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("firsttoken.metrics")
 
 MAX_WINDOW_S = 31 * 86400
+MAX_TENANT_CHARS = 256
 
 
 def _window(request: Request) -> int:
     raw = request.query_params.get("window", "3600")
-    if not raw.isdigit() or not 0 < int(raw) <= MAX_WINDOW_S:
+    # str.isdigit() accepts '²' and other digits int() refuses: ASCII digits only, few of them.
+    if (not raw.isascii() or not raw.isdigit() or len(raw) > 8
+            or not 0 < int(raw) <= MAX_WINDOW_S):
         raise GatewayError(400, f"'window' must be an integer number of seconds in 1..{MAX_WINDOW_S}.",
                            param="window")
     return int(raw)
+
+
+def _asked_tenant(request: Request) -> str | None:
+    asked = request.query_params.get("tenant")
+    if asked is not None and not (0 < len(asked) <= MAX_TENANT_CHARS and asked.isprintable()):
+        raise GatewayError(400, f"'tenant' must be a tenant name of 1..{MAX_TENANT_CHARS} "
+                                "printable characters, or '*'.", param="tenant")
+    return asked
 
 
 def metrics_endpoints(gateway: "Gateway") -> list[Route]:
     async def ttft(request: Request) -> Response:
         try:
             window = _window(request)
-            asked = request.query_params.get("tenant")
+            asked = _asked_tenant(request)
             if gateway.keys.is_admin(request):
                 tenant = asked or "default"
             else:

@@ -1,7 +1,13 @@
 """Reading and checking the client's JSON body: size limit first, then just enough validation
-to route the request. Everything else in the body passes through untouched."""
+to route the request. Everything else in the body passes through untouched.
+
+Each input has a cheap cap (body bytes, JSON depth, message count, model length), so a big or
+odd body is refused with a 4xx naming the limit before any policy or upstream work.
+"""
 
 from __future__ import annotations
+
+import gc
 
 import orjson
 from starlette.requests import Request
@@ -33,31 +39,65 @@ def _too_large(max_bytes: int) -> GatewayError:
                              "(FIRSTTOKEN_MAX_BODY_BYTES).", code="request_too_large")
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
+async def read_json(request: Request, max_bytes: int, max_depth: int) -> dict:
     raw = await read_body(request, max_bytes)
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw)  # itself refuses nesting past 1024
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"Request body is not valid JSON: {exc.msg}.",
                            code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "Request body must be a JSON object.", code="invalid_json")
+    # Each level takes two bytes at least, so a short body cannot be too deep.
+    if len(raw) > 2 * max_depth and nested_deeper_than(body, max_depth):
+        raise GatewayError(400, f"Request body nests JSON deeper than {max_depth} levels "
+                                "(FIRSTTOKEN_MAX_JSON_DEPTH).", code="json_too_deep")
     return body
 
 
-def require_model(body: dict) -> str:
+_referents = gc.get_referents
+_tracked = gc.is_tracked
+_CONTAINERS = frozenset((dict, list))
+
+
+def nested_deeper_than(obj: dict | list, limit: int) -> bool:
+    """Whether parsed JSON nests more than `limit` containers deep (`{}` is 1 deep).
+
+    orjson accepts 1024 levels but serializes only 254, and policies walk bodies recursively,
+    so depth is capped here. The walk goes level by level in C: `gc.get_referents` lists a
+    level's children and `gc.is_tracked` keeps the containers that can have container children
+    (CPython does not track a dict holding only strings and numbers: a message, typically). So
+    a common chat body costs a few microseconds, and the worst case is linear in its containers.
+    """
+    level = [obj]
+    for _ in range(limit - 1):
+        level = list(filter(_tracked, _referents(*level)))
+        if not level:
+            return False
+    return not _CONTAINERS.isdisjoint(map(type, _referents(*level)))
+
+
+def require_model(body: dict, max_chars: int) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise GatewayError(400, "'model' is required and must be a non-empty string.",
                            param="model", code="invalid_model" if "model" in body else "missing_model")
+    if len(model) > max_chars:
+        raise GatewayError(400, f"'model' is longer than {max_chars} characters "
+                                "(FIRSTTOKEN_MAX_MODEL_CHARS).", param="model",
+                           code="model_too_long")
     return model
 
 
-def validate_chat(body: dict) -> None:
+def validate_chat(body: dict, max_messages: int) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, "'messages' is required and must be a non-empty array.",
                            param="messages")
+    if len(messages) > max_messages:
+        raise GatewayError(400, f"'messages' has more than {max_messages} entries "
+                                "(FIRSTTOKEN_MAX_MESSAGES).", param="messages",
+                           code="too_many_messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise GatewayError(400, f"messages[{i}] must be an object with a string 'role'.",

@@ -9,6 +9,7 @@ from typing import Mapping
 import uvicorn
 
 from gateway.app import create_app
+from gateway.server import server_config
 from gateway.settings import Settings
 from tests.local_servers import free_port
 
@@ -17,8 +18,8 @@ class GatewayThread:
     def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
         self.app = create_app(settings, environ or {})
         self.port = free_port()
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on", loop="asyncio")
+        config = server_config(self.app, settings, host="127.0.0.1", port=self.port,
+                               log_level="warning", lifespan="on", loop="asyncio")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
