@@ -31,6 +31,12 @@ class MockBehaviour:
     die_after_chunks: int | None = None                      # cut the connection mid-stream
     cut_before_events: bool = False                          # headers, then a cut
     tool_call: bool = False
+    # object endpoints (files, batches, responses): see the "Objects" section
+    redirect_to: str | None = None                           # answer 307 to this base URL
+    hang_s: float = 0.0                                      # wait (streams: after event 1)
+    object_headers: dict[str, str] = field(default_factory=dict)  # extra response headers
+    pad_bytes: int = 0                                       # padding added to list bodies
+    huge_event_bytes: int = 0                                # a response stream event this big
 
 
 class MockUpstream:
@@ -45,6 +51,8 @@ class MockUpstream:
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/embeddings", self.embeddings)
         self.app.router.add_post("/v1/messages", self.anthropic_messages)
+        self.objects = MockObjects(self)
+        self.objects.register(self.app.router)
 
     # -- helpers ---------------------------------------------------------------------------
     async def _record(self, request: web.Request) -> dict:
@@ -230,6 +238,233 @@ class MockUpstream:
                                       "usage": {"output_tokens": 3}})
         await event("message_stop", {"type": "message_stop"})
         return resp
+
+
+# -- Objects: files, batches, stored responses ----------------------------------------------
+class MockObjects:
+    """Just enough of OpenAI's object endpoints for the passthrough and tenant-ownership tests:
+    files (create, list, get, delete, content), batches (create, get, list, cancel), responses
+    (create streamed or not, get, delete, input_items). One account: every object is visible to
+    every caller, as upstream. Any other path is recorded and answered 404, so a test can assert
+    what reached the upstream (`raw_path` is the request target exactly as received)."""
+
+    def __init__(self, upstream: MockUpstream) -> None:
+        self.upstream = upstream
+        self.files: dict[str, dict] = {}
+        self.contents: dict[str, bytes] = {}
+        self.batches: dict[str, dict] = {}
+        self.responses: dict[str, dict] = {}
+        self.inputs: dict[str, list] = {}
+        self._ids = 0
+
+    def register(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/v1/files", self.create_file)
+        router.add_get("/v1/files", self.list_files)
+        router.add_get("/v1/files/{id}", self.get_file)
+        router.add_delete("/v1/files/{id}", self.delete_file)
+        router.add_get("/v1/files/{id}/content", self.file_content)
+        router.add_post("/v1/batches", self.create_batch)
+        router.add_get("/v1/batches", self.list_batches)
+        router.add_get("/v1/batches/{id}", self.get_batch)
+        router.add_post("/v1/batches/{id}/cancel", self.get_batch)
+        router.add_post("/v1/responses", self.create_response)
+        router.add_get("/v1/responses/{id}", self.get_response)
+        router.add_delete("/v1/responses/{id}", self.delete_response)
+        router.add_get("/v1/responses/{id}/input_items", self.input_items)
+        router.add_route("*", "/{tail:.*}", self.unknown)
+
+    @property
+    def behaviour(self) -> MockBehaviour:
+        return self.upstream.behaviour
+
+    def _new_id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}{self._ids:06d}{int(time.time() * 1000) % 100000:05d}"
+
+    async def _record(self, request: web.Request) -> bytes:
+        raw = await request.read()
+        self.upstream.requests.append({
+            "path": request.path, "raw_path": request.raw_path, "method": request.method,
+            "headers": dict(request.headers), "body": raw})
+        return raw
+
+    async def _gate(self, request: web.Request) -> web.StreamResponse | None:
+        """Redirect or hang as scripted; None lets the handler answer."""
+        b = self.behaviour
+        if b.redirect_to:
+            raise web.HTTPTemporaryRedirect(b.redirect_to.rstrip("/") + request.path_qs[3:])
+        if b.hang_s and await self.upstream._client_left_during(request, b.hang_s):
+            return web.Response(status=499)
+        return None
+
+    def _json(self, obj: dict, status: int = 200) -> web.Response:
+        return web.json_response(obj, status=status, headers=self.behaviour.object_headers)
+
+    def _missing(self, what: str) -> web.Response:
+        return self._json({"error": {"message": f"No such {what}", "type": "invalid_request_error",
+                                     "param": None, "code": None}}, 404)
+
+    def _list(self, items: list[dict]) -> web.Response:
+        body: dict = {"object": "list", "data": items, "has_more": False,
+                      "first_id": items[0]["id"] if items else None,
+                      "last_id": items[-1]["id"] if items else None}
+        if self.behaviour.pad_bytes:
+            body["padding"] = "x" * self.behaviour.pad_bytes
+        return self._json(body)
+
+    async def unknown(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return self._missing("path")
+
+    # files
+    async def create_file(self, request: web.Request) -> web.StreamResponse:
+        self.upstream.requests.append({"path": request.path, "raw_path": request.raw_path,
+                                       "method": "POST", "headers": dict(request.headers),
+                                       "body": b""})
+        form = await request.post()
+        gated = await self._gate(request)
+        if gated is not None:
+            return gated
+        upload = form.get("file")
+        content = upload.file.read() if hasattr(upload, "file") else str(upload or "").encode()
+        self.upstream.requests[-1]["body"] = content
+        file_id = self._new_id("file-")
+        self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(content),
+                               "created_at": int(time.time()),
+                               "filename": getattr(upload, "filename", "upload"),
+                               "purpose": str(form.get("purpose", "")), "status": "processed"}
+        self.contents[file_id] = content
+        return self._json(self.files[file_id])
+
+    async def list_files(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        return await self._gate(request) or self._list(list(self.files.values()))
+
+    async def get_file(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        gated = await self._gate(request)
+        found = self.files.get(request.match_info["id"])
+        return gated or (self._json(found) if found else self._missing("file"))
+
+    async def delete_file(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        file_id = request.match_info["id"]
+        if self.files.pop(file_id, None) is None:
+            return self._missing("file")
+        self.contents.pop(file_id, None)
+        return self._json({"id": file_id, "object": "file", "deleted": True})
+
+    async def file_content(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        file_id = request.match_info["id"]
+        if file_id not in self.contents:
+            return self._missing("file")
+        return web.Response(body=self.contents[file_id], content_type="application/octet-stream",
+                            headers=self.behaviour.object_headers)
+
+    # batches: complete at once, with an output file
+    async def create_batch(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await self._record(request) or b"{}")
+        gated = await self._gate(request)
+        if gated is not None:
+            return gated
+        if body.get("input_file_id") not in self.files:
+            return self._missing("input file")
+        output = self._new_id("file-")
+        self.contents[output] = b'{"custom_id": "1", "response": {"status_code": 200}}\n'
+        self.files[output] = {"id": output, "object": "file", "bytes": len(self.contents[output]),
+                              "created_at": int(time.time()), "filename": "batch_output.jsonl",
+                              "purpose": "batch_output", "status": "processed"}
+        batch_id = self._new_id("batch_")
+        self.batches[batch_id] = {
+            "id": batch_id, "object": "batch", "endpoint": body.get("endpoint"),
+            "input_file_id": body.get("input_file_id"), "completion_window": "24h",
+            "status": "completed", "output_file_id": output, "error_file_id": None,
+            "created_at": int(time.time()), "metadata": body.get("metadata")}
+        return self._json(self.batches[batch_id])
+
+    async def get_batch(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        found = self.batches.get(request.match_info["id"])
+        return self._json(found) if found else self._missing("batch")
+
+    async def list_batches(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        return self._list(list(self.batches.values()))
+
+    # responses
+    def _response(self, body: dict, response_id: str, status: str) -> dict:
+        text = "Hello from the mock"
+        return {"id": response_id, "object": "response", "created_at": int(time.time()),
+                "status": status, "model": body.get("model"),
+                "previous_response_id": body.get("previous_response_id"),
+                "output": [] if status != "completed" else [{
+                    "type": "message", "id": "msg_" + response_id, "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await self._record(request) or b"{}")
+        if self.behaviour.redirect_to:
+            return await self._gate(request)
+        response_id = self._new_id("resp_")
+        self.inputs[response_id] = [body.get("input")]
+        if not body.get("stream"):
+            gated = await self._gate(request)
+            if gated is not None:
+                return gated
+            self.responses[response_id] = self._response(body, response_id, "completed")
+            return self._json(self.responses[response_id])
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream",
+                                           **self.behaviour.object_headers})
+        await resp.prepare(request)
+
+        async def event(name: str, data: dict) -> None:
+            await resp.write(f"event: {name}\n".encode() + b"data: "
+                             + orjson.dumps({"type": name, **data}) + b"\n\n")
+
+        try:
+            await event("response.created",
+                        {"response": self._response(body, response_id, "in_progress")})
+            if self.behaviour.hang_s and await self.upstream._client_left_during(
+                    request, self.behaviour.hang_s):
+                return resp
+            if self.behaviour.huge_event_bytes:
+                await event("response.output_text.delta",
+                            {"delta": "x" * self.behaviour.huge_event_bytes})
+            for word in ("Hello", " from", " the mock"):
+                await event("response.output_text.delta", {"delta": word, "output_index": 0})
+            self.responses[response_id] = self._response(body, response_id, "completed")
+            await event("response.completed", {"response": self.responses[response_id]})
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.upstream.disconnects.append(time.perf_counter())
+            raise
+        return resp
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        found = self.responses.get(request.match_info["id"])
+        return self._json(found) if found else self._missing("response")
+
+    async def delete_response(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        response_id = request.match_info["id"]
+        if self.responses.pop(response_id, None) is None:
+            return self._missing("response")
+        return self._json({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        response_id = request.match_info["id"]
+        if response_id not in self.responses:
+            return self._missing("response")
+        items = [{"id": f"msg_in_{response_id}", "type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": str(x)}]}
+                 for x in self.inputs.get(response_id, [])]
+        return self._list(items)
 
 
 class ThreadedServer:

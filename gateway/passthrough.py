@@ -1,70 +1,275 @@
-"""Every other `/v1/*` path (responses, embeddings, files, ...) goes to an `openai`-kind route
-as it is, so an application using any part of the OpenAI SDK keeps working."""
+"""Every other `/v1/*` path (responses, embeddings, files, batches, ...) goes to an `openai`-kind
+route, so an application using any part of the OpenAI SDK keeps working, with the guarantees of
+the chat path:
+
+- the path is validated raw and the upstream URL built from the route's base, never
+  concatenated (`upstream_paths`); the route's key only ever goes to the route's own origin;
+- client headers are allow-listed: never the client's key, account headers (OpenAI-Organization,
+  OpenAI-Project), cookies, `X-Forwarded-*`, hop-by-hop headers or those named in `Connection`;
+- the route's timeout bounds the whole exchange, and a client that leaves closes the upstream
+  request at once (while uploading, waiting or streaming);
+- JSON request bodies are bounded by FIRSTTOKEN_MAX_BODY_BYTES; multipart and raw uploads are
+  streamed to the upstream, not buffered, within FIRSTTOKEN_MAX_UPLOAD_BYTES;
+- the answer is relayed within limits (`passthrough_relay`);
+- in tenant mode, objects belong to the tenant that created them (`ownership`);
+- every request is counted with its latency per path family (Prometheus).
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import aiohttp
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
+from gateway.passthrough_relay import Relay
 from gateway.request_body import read_body
-from gateway.routes import RouteTable
-from gateway.upstreams.openai import OpenAIUpstream
+from gateway.routes import Route, RouteTable
+from gateway.upstream_paths import PassPath, parse_target, upstream_url
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-    "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
-    "accept-encoding",
-})
-RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
-                           "content-encoding"})
+if TYPE_CHECKING:
+    from gateway.service import Gateway
 
+log = logging.getLogger("firsttoken.passthrough")
 
-def _model_of(raw: bytes, content_type: str) -> str | None:
-    if not raw or "json" not in content_type:
-        return None
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) else None
+METHODS = frozenset({"GET", "POST", "DELETE"})
+# Client headers that change what the upstream does; nothing else is forwarded.
+FORWARD_HEADERS = ("accept", "openai-beta", "idempotency-key")
+# Bodies streamed to the upstream as they arrive; every other body is JSON.
+UPLOAD_TYPES = ("multipart/form-data", "application/octet-stream")
 
 
-async def passthrough(request: Request, table: RouteTable, upstreams: dict, max_bytes: int,
-                      path: str) -> Response:
-    raw = await read_body(request, max_bytes)
-    model = _model_of(raw, request.headers.get("content-type", ""))
-    route = None
+class _ClientGone(Exception):
+    """The client disconnected; nobody is left to answer."""
+
+
+def forward_headers(request: Request) -> dict[str, str]:
+    """The allow-listed client headers, minus any the client's `Connection` header names."""
+    headers = request.headers
+    named = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return {name: headers[name] for name in FORWARD_HEADERS
+            if name in headers and name not in named}
+
+
+def choose_route(table: RouteTable, family: str, model: str | None,
+                 owner_route: str | None) -> Route:
+    """The `openai` route named by the body's model, else the one the object was created
+    through, else the first `openai` route that forwards this family."""
     if model is not None:
         route = table.match(model)
-        if route is not None and route.kind != "openai":
-            route = None
-    route = route or table.first_of_kind("openai")
-    if route is None:
-        raise GatewayError(404, f"No OpenAI-compatible route serves /v1/{path}.",
-                           code="no_passthrough_route")
-    upstream: OpenAIUpstream = upstreams[route.name]
-    headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
-    headers.update({k: v for k, v in upstream.headers().items() if k != "content-type"})
-    url = f"{upstream.base_url}/{path}"
-    try:
-        resp = await upstream.session.request(request.method, url, params=request.query_params,
-                                               data=raw or None, headers=headers)
-    except (aiohttp.ClientConnectionError, OSError) as exc:
-        raise GatewayError(503, f"upstream {route.name!r} unreachable ({type(exc).__name__})") from None
-    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP}
-    if "text/event-stream" in resp.headers.get("content-type", ""):
-        out_headers.update({"cache-control": "no-cache, no-transform", "x-accel-buffering": "no"})
-    return StreamingResponse(_relay(resp), status_code=resp.status, headers=out_headers)
+        if route is not None and route.kind == "openai":
+            if not route.allows_passthrough(family):
+                raise _family_off(family)
+            return route
+    if owner_route is not None:
+        route = table.by_name.get(owner_route)
+        if route is not None and route.allows_passthrough(family):
+            return route
+    for route in table.routes:
+        if route.allows_passthrough(family):
+            return route
+    if any(r.kind == "openai" for r in table.routes):
+        raise _family_off(family)
+    raise GatewayError(404, f"No OpenAI-compatible route serves /v1/{family}.",
+                       code="no_passthrough_route")
 
 
-async def _relay(resp: aiohttp.ClientResponse):
-    """The upstream body as it arrives; closing the generator (client gone) closes upstream."""
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-    finally:
-        resp.close()
+def _family_off(family: str) -> GatewayError:
+    return GatewayError(404, f"/v1/{family} is not enabled on this gateway's routes.",
+                        code="unknown_url")
+
+
+async def passthrough(request: Request, gateway: "Gateway") -> "Exchange":
+    """The ASGI response that performs the exchange (it needs `receive` and `send` itself)."""
+    return Exchange(request, gateway)
+
+
+class Exchange:
+    """One passthrough request, as a raw ASGI response so that the status line, the upstream
+    connection and the client's departure are all in its hands."""
+
+    def __init__(self, request: Request, gateway: "Gateway") -> None:
+        self.request = request
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.relay: Relay | None = None
+        self.client_gone = False
+        self.finished = False
+        self.upload_error: BaseException | None = None
+        self._watcher: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrival = time.perf_counter()
+        self._task = asyncio.current_task()
+        tenant, family, status = None, "invalid", 500
+        try:
+            tenant = self.gateway.keys.tenant_for(self.request)
+            path = parse_target(scope.get("raw_path") or scope["path"].encode(),
+                                scope.get("query_string", b""))
+            family = path.family
+            status = await self._exchange(tenant, path, scope["method"], receive, send)
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            self._task.uncancel()
+            status = 499
+        except _ClientGone:
+            status = 499
+        except GatewayError as exc:
+            status = exc.status
+            if self.relay is None or not self.relay.started:
+                await exc.to_response()(scope, receive, send)
+        finally:
+            self.finished = True
+            if self._watcher is not None:
+                self._watcher.cancel()
+            if tenant is not None:
+                self._observe(tenant, family, status, time.perf_counter() - arrival)
+
+    def _observe(self, tenant: str, family: str, status: int, seconds: float) -> None:
+        telemetry = self.gateway.telemetry
+        if telemetry.enabled:
+            try:
+                telemetry.metrics.observe_passthrough(tenant, family, status, seconds)
+            except Exception:
+                log.debug("passthrough metrics failed", exc_info=True)
+
+    # -- the client's side ---------------------------------------------------------------
+
+    def _watch_disconnect(self, receive: Receive) -> None:
+        """From here on, a client that leaves cancels the exchange (closing the upstream)."""
+        if self._watcher is None and not self.finished:
+            self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+            self._watcher.add_done_callback(self._on_disconnect)
+
+    def _on_disconnect(self, watcher: asyncio.Future) -> None:
+        if self.finished or watcher.cancelled() or watcher.exception() is not None:
+            return
+        self.client_gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _upload(self, receive: Receive, limit: int) -> AsyncIterator[bytes]:
+        """The client's body streamed to the upstream as it arrives, within `limit` bytes."""
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.upload_error = _ClientGone()
+                raise self.upload_error
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                self.upload_error = _too_large(limit, "FIRSTTOKEN_MAX_UPLOAD_BYTES")
+                raise self.upload_error
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                break
+        self._watch_disconnect(receive)
+
+    async def _read_request(self, path: PassPath, receive: Receive) -> tuple[Any, Any, str | None]:
+        """(data for aiohttp, the parsed JSON body or None, the content type to forward).
+
+        A body is JSON unless it is an upload; in tenant mode uploads are accepted only where
+        the API takes them, so that every other body can be checked for object references."""
+        headers = self.request.headers
+        content_type = headers.get("content-type")
+        declared = headers.get("content-length")
+        if declared is not None and not declared.isdigit():
+            raise GatewayError(400, "Content-Length must be a number.", code="invalid_request")
+        media = (content_type or "").split(";", 1)[0].strip().lower()
+        if media in UPLOAD_TYPES:
+            if self.gateway.objects.enabled and not path.takes_upload:
+                raise GatewayError(415, f"{path.display()} takes a JSON body.",
+                                   type="invalid_request_error", code="unsupported_media_type")
+            limit = self.settings.max_upload_bytes
+            if declared is not None and int(declared) > limit:
+                raise _too_large(limit, "FIRSTTOKEN_MAX_UPLOAD_BYTES")
+            return self._upload(receive, limit), None, content_type
+        raw = await read_body(self.request, self.settings.max_body_bytes)
+        self._watch_disconnect(receive)
+        if not raw:
+            return None, None, None
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise GatewayError(400, f"Request body is not valid JSON: {exc.msg}.",
+                               code="invalid_json") from None
+        return raw, parsed, content_type or "application/json"
+
+    # -- the exchange --------------------------------------------------------------------
+
+    async def _exchange(self, tenant: str, path: PassPath, method: str, receive: Receive,
+                        send: Send) -> int:
+        if method not in METHODS:
+            raise GatewayError(405, f"Method {method} is not allowed on {path.display()}.",
+                               type="invalid_request_error", code="method_not_allowed")
+        data, body, content_type = await self._read_request(path, receive)
+        objects = self.gateway.objects
+        owner_route = await objects.check_request(tenant, path, method, body)
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or len(model) > self.settings.max_model_chars:
+            model = None
+        route = choose_route(self.gateway.table, path.family, model, owner_route)
+        await self.gateway.upstream_ready(route.name)
+        upstream = self.gateway.upstreams[route.name]
+        headers = {**forward_headers(self.request), **upstream.headers()}
+        headers.pop("content-type", None)
+        if content_type is not None:
+            headers["content-type"] = content_type
+            declared = self.request.headers.get("content-length")
+            if declared is not None and not isinstance(data, bytes):
+                headers["content-length"] = declared  # a streamed upload keeps its length
+        self.relay = relay = Relay(send, self.settings, objects, tenant, path, method, route)
+        timeout = route.timeout_s or self.settings.timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._forward(upstream, method, upstream_url(upstream.base_url, path),
+                                           headers, data)
+        except TimeoutError:
+            if relay.streaming_events:  # an event stream ends with an error event
+                await relay.error_event("The upstream stream timed out.", "timeout_error")
+                await relay.end()
+            if relay.started:  # a download is cut: the client sees a truncated body
+                return 504
+            raise GatewayError(504, f"Upstream {route.name!r} did not answer within {timeout}s.",
+                               code="upstream_timeout") from None
+
+    async def _forward(self, upstream: Any, method: str, url: Any, headers: dict[str, str],
+                       data: Any) -> int:
+        name = upstream.route.name
+        try:
+            resp = await upstream.session.request(method, url, data=data, headers=headers,
+                                                  allow_redirects=False)
+        except (aiohttp.ClientError, OSError) as exc:
+            if self.upload_error is not None:
+                raise self.upload_error from None
+            raise GatewayError(503, f"Upstream {name!r} unreachable ({type(exc).__name__}).",
+                               code="upstream_unreachable") from None
+        try:
+            return await self.relay.answer(resp)
+        finally:
+            if resp.content.at_eof():
+                resp.release()
+            else:  # never back to the pool half-read; the upstream sees us leave at once
+                resp.close()
+
+
+def _too_large(limit: int, variable: str) -> GatewayError:
+    return GatewayError(413, f"Request body exceeds the limit of {limit} bytes ({variable}).",
+                        code="request_too_large")
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

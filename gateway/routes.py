@@ -15,9 +15,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.settings import ENV_PREFIX, SettingsError
+from gateway.upstream_paths import FAMILIES
 
 RouteKind = Literal["openai", "anthropic", "local"]
 MATCH_CACHE_SIZE = 4096
+MATCH_CACHE_BYTES = 256 * 1024   # model names are client input: bound the cache by bytes too
+MATCH_CACHE_NAME_CHARS = 256     # and never keep a long one
 
 
 class Route(BaseModel):
@@ -34,6 +37,8 @@ class Route(BaseModel):
     model_map: dict[str, str] = Field(default_factory=dict)
     policies: tuple[str, ...] | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    # openai only: the /v1 path families forwarded (None: all of FAMILIES, []: none)
+    passthrough: tuple[str, ...] | None = None
     # local engine only
     model_path: str | None = None
     demo: bool = False
@@ -42,7 +47,18 @@ class Route(BaseModel):
     def _needs_target(self) -> "Route":
         if self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
+        if self.passthrough:
+            if self.kind != "openai":
+                raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
+            unknown = sorted(set(self.passthrough) - FAMILIES)
+            if unknown:
+                raise ValueError(f"route {self.name!r}: unknown passthrough families {unknown}; "
+                                 f"known: {', '.join(sorted(FAMILIES))}")
         return self
+
+    def allows_passthrough(self, family: str) -> bool:
+        """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""
+        return self.kind == "openai" and (self.passthrough is None or family in self.passthrough)
 
     def matches(self, model: str) -> bool:
         return any(p == model or fnmatch.fnmatchcase(model, p) for p in self.models)
@@ -64,6 +80,7 @@ class RouteTable:
         self.routes = routes
         self.by_name = {r.name: r for r in routes}
         self._matched: dict[str, Route | None] = {}
+        self._matched_bytes = 0
         for route in routes:
             for fallback in route.fallbacks:
                 if fallback not in self.by_name:
@@ -77,8 +94,11 @@ class RouteTable:
         except KeyError:
             pass
         route = next((r for r in self.routes if r.matches(model)), None)
-        if len(self._matched) < MATCH_CACHE_SIZE:  # model names are few; bound them anyway
+        # Model names are few in practice, but they are client input: bound entries and bytes.
+        if (len(model) <= MATCH_CACHE_NAME_CHARS and len(self._matched) < MATCH_CACHE_SIZE
+                and self._matched_bytes + len(model) <= MATCH_CACHE_BYTES):
             self._matched[model] = route
+            self._matched_bytes += len(model)
         return route
 
     def chain(self, route: Route) -> list[Route]:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
+from gateway.ownership import Ownership
 from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import read_json, require_model, validate_chat, validate_completion
@@ -65,6 +66,7 @@ class Gateway:
         self.proxy = Proxy(settings, self.upstreams)
         self.policies = PolicyRunner(settings, table.routes, environ)
         self.telemetry = self._telemetry(settings, environ)
+        self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
         self.offload = HeavyWork(settings.policy_thread_min_bytes)
         self._started: dict[str, asyncio.Task] = {}
         self._warmups: list[asyncio.Task] = []
@@ -73,8 +75,14 @@ class Gateway:
     def _telemetry(settings: Settings, environ: Mapping[str, str]):
         from gateway.telemetry import Telemetry
 
+        redis_url = settings.effective_redis_url(environ)
+        if redis_url and settings.telemetry:
+            from gateway.telemetry.redis_check import check_redis_url
+
+            variable = "FIRSTTOKEN_REDIS_URL" if settings.redis_url else "REDIS_URL"
+            check_redis_url(redis_url, variable, cluster=settings.redis_cluster)
         return Telemetry.create(
-            redis_url=settings.effective_redis_url(environ), key_prefix=settings.metrics_key_prefix,
+            redis_url=redis_url, key_prefix=settings.metrics_key_prefix,
             retention_s=settings.metrics_retention, buffer_max=settings.telemetry_buffer,
             max_tenants=settings.metrics_max_tenants, slo_default_ms=settings.ttft_slo_ms,
             slo_tenants=settings.slo_targets(), slo_objective=settings.ttft_slo_objective,
@@ -141,9 +149,13 @@ class Gateway:
         arrival, wall_arrival = time.perf_counter(), time.time()
         try:
             tenant = self.keys.tenant_for(request)
-            body = await read_json(request, self.settings.max_body_bytes)
-            model = require_model(body)
-            (validate_chat if endpoint == "chat" else validate_completion)(body)
+            settings = self.settings
+            body = await read_json(request, settings.max_body_bytes, settings.max_json_depth)
+            model = require_model(body, settings.max_model_chars)
+            if endpoint == "chat":
+                validate_chat(body, settings.max_messages)
+            else:
+                validate_completion(body)
             route = self.table.match(model)
             if route is None:
                 if not self.table.routes:

@@ -168,6 +168,20 @@ class PrometheusMetrics:
         self.buffered = Gauge(
             "firsttoken_telemetry_buffered", "Telemetry events waiting for the store.", registry=r
         )
+        self.passthrough_requests = Counter(
+            "firsttoken_passthrough_requests_total",
+            "Requests to other /v1 paths (files, batches, responses, ...) by path family and "
+            "status class.",
+            ("tenant", "family", "status"),
+            registry=r,
+        )
+        self.passthrough_seconds = Histogram(
+            "firsttoken_passthrough_seconds",
+            "Arrival to last byte of requests to other /v1 paths, by path family.",
+            ("tenant", "family"),
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
         self._tenants: set[str] = set()
         self._children: dict[tuple[str, str], _RouteChildren] = {}
         self._statuses: dict[tuple[str, str, str], tuple[Any, Any | None]] = {}
@@ -240,6 +254,14 @@ class PrometheusMetrics:
             children.saved_tokens.inc(event.prompt_tokens_saved)
         if event.fallback:
             children.fallbacks.inc()
+
+    def observe_passthrough(self, tenant: str, family: str, status: int, seconds: float) -> None:
+        """One passthrough request. `family` comes from a fixed allow-list (or `invalid`), so
+        with the folded tenant label the series stay bounded."""
+        tenant_label = self.tenant_label(tenant)[:LABEL_MAX_CHARS]
+        family = family[:LABEL_MAX_CHARS]
+        self.passthrough_requests.labels(tenant_label, family, f"{status // 100}xx").inc()
+        self.passthrough_seconds.labels(tenant_label, family).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
