@@ -50,8 +50,9 @@ def create_app(settings: Settings | None = None,
 
     async def readyz(request: Request) -> Response:
         ready = gateway.ready()
-        return json_response({"ready": ready, "routes": gateway.route_states()},
-                             200 if ready else 503)
+        # A degraded telemetry store is reported, not fatal: requests flow without it.
+        return json_response({"ready": ready, "routes": gateway.route_states(),
+                              "telemetry": gateway.telemetry.health()}, 200 if ready else 503)
 
     async def other_v1(request: Request) -> Response:
         return await passthrough(request, gateway)  # auth, path checks and errors inside

@@ -23,13 +23,12 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import aiohttp
-import orjson
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.passthrough_relay import Relay
-from gateway.request_body import read_body
+from gateway.request_body import parse_json, read_body
 from gateway.routes import Route, RouteTable
 from gateway.upstream_paths import PassPath, parse_target, upstream_url
 
@@ -198,11 +197,7 @@ class Exchange:
         self._watch_disconnect(receive)
         if not raw:
             return None, None, None
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise GatewayError(400, f"Request body is not valid JSON: {exc.msg}.",
-                               code="invalid_json") from None
+        parsed = parse_json(raw, self.settings.max_json_depth, self.settings.max_json_containers)
         return raw, parsed, content_type or "application/json"
 
     # -- the exchange --------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Reading and checking the client's JSON body: size limit first, then just enough validation
 to route the request. Everything else in the body passes through untouched.
 
-Each input has a cheap cap (body bytes, JSON depth, message count, model length), so a big or
+Each input has a cheap cap (body bytes, JSON objects and depth, message count, model length), so a big or
 odd body is refused with a 4xx naming the limit before any policy or upstream work.
 """
 
@@ -39,8 +39,17 @@ def _too_large(max_bytes: int) -> GatewayError:
                              "(FIRSTTOKEN_MAX_BODY_BYTES).", code="request_too_large")
 
 
-async def read_json(request: Request, max_bytes: int, max_depth: int) -> dict:
-    raw = await read_body(request, max_bytes)
+def parse_json(raw: bytes, max_depth: int, max_containers: int) -> dict:
+    """The body as a JSON object, or a 400 naming the limit it breaks.
+
+    Parsing runs on the event loop and holds it (orjson keeps the GIL), so the number of
+    objects and arrays is capped first, on the bytes: a count of `{` and `[` (strings
+    included, so it can only over-count) costs about a millisecond for 16 MB, while parsing
+    three million nested objects costs seconds."""
+    if len(raw) > 2 * max_containers and raw.count(b"{") + raw.count(b"[") > max_containers:
+        raise GatewayError(400, f"Request body holds more than {max_containers} JSON objects "
+                                "and arrays (FIRSTTOKEN_MAX_JSON_CONTAINERS).",
+                           code="json_too_large")
     try:
         body = orjson.loads(raw)  # itself refuses nesting past 1024
     except orjson.JSONDecodeError as exc:

@@ -18,10 +18,11 @@ from starlette.responses import Response
 from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
-from gateway.ownership import Ownership
+from gateway.ownership import Ownership, find_references, might_reference
 from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
 from gateway.proxy import Plan, Proxy
-from gateway.request_body import read_json, require_model, validate_chat, validate_completion
+from gateway.request_body import (parse_json, read_body, require_model, validate_chat,
+                                  validate_completion)
 from gateway.routes import Route, RouteTable, load_routes
 from gateway.settings import Settings, SettingsError
 from gateway.timing import RequestTiming
@@ -150,7 +151,8 @@ class Gateway:
         try:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
-            body = await read_json(request, settings.max_body_bytes, settings.max_json_depth)
+            raw = await read_body(request, settings.max_body_bytes)
+            body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
             model = require_model(body, settings.max_model_chars)
             if endpoint == "chat":
                 validate_chat(body, settings.max_messages)
@@ -167,7 +169,11 @@ class Gateway:
             stream = bool(body.get("stream"))
             timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
                                    wall_arrival=wall_arrival)
-            heavy = self.offload.is_heavy(_declared_size(request))
+            heavy = self.offload.is_heavy(len(raw))
+            if self.objects.enabled and might_reference(raw):  # a `file` part names an upload
+                ids = (await self.offload.run(tenant, find_references, body) if heavy
+                       else find_references(body))
+                await self.objects.routes_of(tenant, ids)  # 404 unless all are the tenant's
             plan = await self._plan(request, endpoint, tenant, body, model, chain, stream, timing,
                                     heavy)
         except GatewayError as exc:
@@ -221,11 +227,6 @@ class Gateway:
             late_headers=late, forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
         )
-
-
-def _declared_size(request: Request) -> int:
-    declared = request.headers.get("content-length", "")
-    return int(declared) if declared.isdigit() else 0
 
 
 def _note_saved(timing: RequestTiming, result) -> None:

@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers (431)")
     max_headers: int = Field(100, ge=8, description="header fields per request (431)")
     max_json_depth: int = Field(64, ge=4, le=200, description="nesting of the JSON body (400)")
+    max_json_containers: int = Field(
+        100_000, ge=100, description="'{' and '[' in a JSON body, strings included (400)")
     max_messages: int = Field(4096, ge=1, description="messages in one chat request (400)")
     max_model_chars: int = Field(256, ge=8, description="length of 'model' (400)")
     max_upload_bytes: int = Field(512 * 1024 * 1024, gt=0,

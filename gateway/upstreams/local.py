@@ -105,6 +105,8 @@ class LocalEventStream:
     """Engine chunk dicts -> SSE events; the first chunk was pulled early to surface request errors.
     A failure after that ends this stream with an error event and [DONE], never a retry."""
 
+    relayed = None  # no provider headers to pass on
+
     def __init__(self, chunks: AsyncIterator[dict], first: dict | None, route: str = "") -> None:
         self._chunks = chunks
         self._first = first

@@ -375,3 +375,19 @@ def test_bad_metrics_query_is_400(gateway, query):
 def test_good_metrics_query_is_served(gateway):
     r = httpx.get(gateway.url + "/v1/metrics/ttft?window=60", headers=auth(TENANT_A_KEY))
     assert r.status_code == 200
+
+
+def test_too_many_json_containers_is_400_before_parsing(mock_upstream, make_gateway):
+    from tests.gateway.conftest import openai_route
+
+    gw = make_gateway([openai_route(mock_upstream)], max_json_containers=1000)
+    parts = [{"type": "text", "text": "a"}] * 1200
+    r = httpx.post(gw.url + "/v1/chat/completions", json={
+        "model": "mock-1", "messages": [{"role": "user", "content": parts}]})
+    assert r.status_code == 400
+    error = assert_openai_error(r.json(), "json_too_large")
+    assert "FIRSTTOKEN_MAX_JSON_CONTAINERS" in error["message"]
+    ok = httpx.post(gw.url + "/v1/chat/completions", json={
+        "model": "mock-1", "messages": [{"role": "user", "content": parts[:400]}]})
+    assert ok.status_code == 200
+    assert len(mock_upstream.mock.requests) == 1  # the refused body never went upstream

@@ -103,6 +103,10 @@ def test_unreachable_redis_degrades_telemetry_while_requests_flow(mock_upstream,
         while gw.gateway.telemetry.health()["state"] != "degraded":
             assert time.monotonic() < deadline, gw.gateway.telemetry.health()
             time.sleep(0.05)
+        ready = httpx.get(gw.url + "/readyz")  # what an operator sees: ready, telemetry degraded
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        assert ready.json()["telemetry"]["state"] == "degraded"
+        assert ready.json()["telemetry"]["store"] == "redis"
         server.start()
         deadline = time.monotonic() + 10
         while gw.gateway.telemetry.health()["state"] != "ok":

@@ -290,3 +290,21 @@ def test_streamed_creates_name_their_ids():
                        b'{"id": "run_1", "thread_id": "thread_2", "created_at": 1}') == ["thread_2"]
     assert created_ids("response.output_text.delta", b'{"delta": "created"}') == []
     assert created_ids(None, b"[DONE]") == []
+
+
+def test_a_chat_file_part_must_name_the_tenants_own_file(mock_upstream, make_gateway,
+                                                          store_settings):
+    gw = make_gateway([openai_route(mock_upstream)], **store_settings)
+    a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
+    fa = a.files.create(file=("a.pdf", b"%PDF-1.4 acme"), purpose="user_data")
+
+    def ask(client: openai.OpenAI):
+        return client.chat.completions.create(model="mock-1", messages=[{"role": "user", "content": [
+            {"type": "file", "file": {"file_id": fa.id}},
+            {"type": "text", "text": "summarise"}]}])
+
+    with pytest.raises(openai.NotFoundError):
+        ask(b)
+    assert [r["path"] for r in mock_upstream.mock.requests
+            if r["path"] == "/v1/chat/completions"] == []   # B's request never went upstream
+    assert ask(a).choices                                    # A's own file is fine
