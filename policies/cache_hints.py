@@ -22,9 +22,9 @@ do not split a family: the cache-break diagnostics compare requests within one f
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
+from policies.passages import find_passages, has_passage
 from policies.provider_limits import ANTHROPIC_MAX_BREAKPOINTS, anthropic_min_tokens
 from policies.request import (
     SYSTEM_ROLES,
@@ -36,8 +36,6 @@ from policies.request import (
 )
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_tool
 from policies.volatile import has_volatile, is_volatile_note, mask_volatile
-
-_PASSAGE_BODY = re.compile(r"(<passage\b[^>]*>).*?(</passage>)", re.DOTALL)
 
 
 def _digest(data: str, size: int) -> str:
@@ -53,13 +51,23 @@ def prefix_family_key(body: dict, tenant: str, model: str) -> str:
         if role_of(message) not in SYSTEM_ROLES:
             break
         text = mask_volatile(content_text(message.get("content")))
-        if "<passage" in text:
-            text = _PASSAGE_BODY.sub(r"\1\2", text)
+        if has_passage(text):
+            text = _without_passage_bodies(text)
         system_texts.append(text)
     if "messages" not in body and isinstance(body.get("prompt"), str):
         system_texts.append(mask_volatile(body["prompt"][:2048]))
     shape = "\x1f".join([model, "\x1e".join(names), "\x1e".join(system_texts)])
     return f"ft-{_digest(tenant, 4)}-{_digest(shape, 6)}"
+
+
+def _without_passage_bodies(text: str) -> str:
+    pieces: list[str] = []
+    cursor = 0
+    for passage in find_passages(text):
+        pieces += (text[cursor:passage.start], passage.open_tag(text), "</passage>")
+        cursor = passage.end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
 
 
 def has_cache_control(body: dict) -> bool:

@@ -19,44 +19,86 @@ every provider unchanged (an unknown key may be rejected) and the model reads th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-_PASSAGE = re.compile(r"<passage\b([^>]*)>(.*?)</passage>", re.DOTALL)
+from policies import textscan
+
+_OPEN = re.compile(r"<passage\b")
+_CLOSE = "</passage>"
 REPEATED_BODY = "(same as above)"
 
 
+class Passage(NamedTuple):
+    """One ``<passage ...>body</passage>`` element: where it is and its two parts."""
+
+    start: int
+    end: int
+    attributes: str  # what stands between "<passage" and ">"
+    body: str
+
+    def element(self, text: str) -> str:
+        return text[self.start:self.end]
+
+    def open_tag(self, text: str) -> str:
+        return text[self.start:self.end - len(self.body) - len(_CLOSE)]
+
+
 def has_passage(text: str) -> bool:
-    return "<passage" in text
+    return textscan.contains(text, "<passage")
+
+
+def find_passages(text: str) -> Iterator[Passage]:
+    """What ``re.finditer(r"<passage\\b([^>]*)>(.*?)</passage>", text, re.DOTALL)`` finds, in
+    linear time: that regex rescanned the rest of the text from every unclosed ``<passage``.
+
+    Once no ``>`` or no closing tag follows an opening, none follows any later one either.
+    """
+    pos = 0
+    while True:
+        found = _OPEN.search(text, pos)
+        if found is None:
+            return
+        close_angle = text.find(">", found.end())
+        if close_angle < 0:
+            return
+        close = text.find(_CLOSE, close_angle + 1)
+        if close < 0:
+            return
+        end = close + len(_CLOSE)
+        attributes = text[found.end():close_angle]
+        yield Passage(found.start(), end, attributes, text[close_angle + 1:close])
+        pos = end
 
 
 def sort_passage_runs(text: str) -> str:
     if not has_passage(text):
         return text
-    matches = list(_PASSAGE.finditer(text))
+    matches = list(find_passages(text))
     if len(matches) < 2:
         return text
     pieces: list[str] = []
     cursor = 0
-    run: list[re.Match[str]] = []
+    run: list[Passage] = []
 
     def flush() -> None:
         nonlocal cursor
         if not run:
             return
-        ordered = sorted(run, key=lambda m: (m.group(2), m.group(0)))
+        ordered = sorted(run, key=lambda m: (m.body, m.element(text)))
         for index, original in enumerate(run):
             if index:
-                pieces.append(text[run[index - 1].end():original.start()])
-            pieces.append(ordered[index].group(0))
-        cursor = run[-1].end()
+                pieces.append(text[run[index - 1].end:original.start])
+            pieces.append(ordered[index].element(text))
+        cursor = run[-1].end
         run.clear()
 
     for match in matches:
-        if run and text[run[-1].end():match.start()].strip() == "":
+        if run and text[run[-1].end:match.start].strip() == "":
             run.append(match)
             continue
         flush()
-        pieces.append(text[cursor:match.start()])
+        pieces.append(text[cursor:match.start])
         run.append(match)
     flush()
     pieces.append(text[cursor:])
@@ -73,16 +115,21 @@ def passage_deduper() -> Callable[[str], str]:
     def rewrite(text: str) -> str:
         if not has_passage(text):
             return text
-
-        def replace(match: re.Match[str]) -> str:
-            body = match.group(2).strip()
+        pieces: list[str] = []
+        cursor = 0
+        for match in find_passages(text):
+            body = match.body.strip()
             if body == REPEATED_BODY or not body:
-                return match.group(0)
-            if body in seen:
-                return f"<passage{match.group(1)}>{REPEATED_BODY}</passage>"
-            seen.add(body)
-            return match.group(0)
-
-        return _PASSAGE.sub(replace, text)
+                continue
+            if body not in seen:
+                seen.add(body)
+                continue
+            pieces.append(text[cursor:match.start])
+            pieces.append(f"<passage{match.attributes}>{REPEATED_BODY}</passage>")
+            cursor = match.end
+        if not pieces:
+            return text
+        pieces.append(text[cursor:])
+        return "".join(pieces)
 
     return rewrite

@@ -19,9 +19,10 @@ import re
 from typing import Any
 
 from policies.config import SlimOptions
-from policies.fences import Segment, has_fence, split_fences
+from policies.fences import Segment, has_fence, outer_lines, split_fences
 from policies.lru import BoundedLRU
 from policies.passages import passage_deduper
+from policies.prose import slim_prose
 from policies.request import (
     carries_payload,
     is_empty_content,
@@ -34,24 +35,12 @@ from policies.tokens import count_tool
 from policies.trim import trim_history
 from policies.volatile import is_volatile_note
 
-_TRAILING_SPACE = re.compile(r"[ \t]+(?=\r?\n|\Z)")
-_BLANK_RUN = re.compile(r"(?:\r?\n){4,}")
-_INVISIBLE = re.compile("[\u200b\u2060\ufeff]")
-_JSON_WHITESPACE = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
+# A JSON string (possessive: the old alternation backtracked through megabyte strings) or a
+# whitespace run; only ever run over text that json.loads accepted.
+_JSON_WHITESPACE = re.compile(r'("(?:[^"\\]++|\\.)*+")|[ \t\n\r]++')
 
 _slim_cache: BoundedLRU[str] = BoundedLRU(max_entries=100_000, max_weight=32_000_000)
 _minify_cache: BoundedLRU[str] = BoundedLRU(max_entries=20_000, max_weight=16_000_000)
-
-
-def _slim_prose(text: str) -> str:
-    # Invisibles go first: removing one can leave a trailing space or a blank line behind.
-    if _INVISIBLE.search(text):
-        text = _INVISIBLE.sub("", text)
-    if " " in text or "\t" in text:
-        text = _TRAILING_SPACE.sub("", text)
-    if "\n\n\n\n" in text or "\r\n\r\n\r\n\r\n" in text:
-        text = _BLANK_RUN.sub(lambda m: ("\r\n" if m.group(0).startswith("\r") else "\n") * 3, text)
-    return text
 
 
 def slim_text(text: str) -> str:
@@ -60,9 +49,9 @@ def slim_text(text: str) -> str:
     if cached is not None:
         return cached
     if has_fence(text):
-        result = "".join(s.text if s.is_code else _slim_prose(s.text) for s in split_fences(text))
+        result = "".join(s.text if s.is_code else slim_prose(s.text) for s in split_fences(text))
     else:
-        result = _slim_prose(text)
+        result = slim_prose(text)
     _slim_cache.put(text, result, len(text))
     return result
 
@@ -77,7 +66,7 @@ def minify_json_text(text: str) -> str:
         return cached
     try:
         json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the parser's recursion limit
         result = text
     else:
         result = _JSON_WHITESPACE.sub(lambda m: m.group(1) or "", stripped)
@@ -97,15 +86,16 @@ def _minify_json_blocks(text: str) -> str:
 def _minify_code_segment(segment: Segment) -> str:
     if segment.info.lower() != "json":
         return segment.text
-    lines = segment.text.splitlines(keepends=True)
-    if len(lines) < 3:
+    lines = outer_lines(segment.text)
+    if lines is None:
         return segment.text
-    body = "".join(lines[1:-1])
+    first, last = lines
+    body = segment.text[len(first):len(segment.text) - len(last)]
     minified = minify_json_text(body)
     if minified == body:
         return segment.text
-    newline = "\r\n" if lines[0].endswith("\r\n") else "\n"
-    return lines[0] + minified + newline + lines[-1]
+    newline = "\r\n" if first.endswith("\r\n") else "\n"
+    return first + minified + newline + last
 
 
 def _droppable(message: Any, is_last: bool) -> bool:

@@ -21,19 +21,42 @@ fingerprints leave the note out of the stable prefix.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
+from policies import textscan
 from policies.lru import BoundedLRU
 
 NOTE_MARKER = "[firsttoken: current values]"
 
+# One word boundary, then only where a value can start (a digit, a hex digit, a month's initial):
+# the same matches as trying each kind behind its own \b, three times faster on prose.
 _VOLATILE = re.compile(
-    r"(?P<time>\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
-    r"|(?P<id>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
-    r"|(?P<date>\b\d{4}-\d{2}-\d{2}\b"
-    r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}\b)"
-    r"|(?P<clock>\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b)"
-    r"|(?P<hex>\b[0-9a-fA-F]{12,}\b)"
+    r"\b(?=[\dA-Fa-fJMASOND])(?:"
+    r"(?P<time>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
+    r"|(?P<id>[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
+    r"|(?P<date>\d{4}-\d{2}-\d{2}\b"
+    r"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}\b)"
+    r"|(?P<clock>\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b)"
+    r"|(?P<hex>[0-9a-fA-F]{12,}\b)"
+    r")"
+)
+# A long text is searched in pieces, each cut right after a character that no value can
+# contain, whatever surrounds it (the values' own shapes say so), searched with the real text
+# before it in view: a character outside the values' alphabet; a space that a value neither
+# continues through (a value's space is followed by "dd:", "d,", "dd," or "ddd") nor reaches
+# (it follows "-dd", a word, "." or ","); ",", ":", ".", "+", "-" or "T" where the digits
+# around it cannot make a value of it. None of these can end a value, so a piece's last
+# character is not read as the end of one where the whole text would continue it.
+_CUT = re.compile(
+    r"[^\dA-Za-z \-:.+,]"
+    r"| (?=\D|\d[^\d,]|\d\d[^\d:,])|(?<!-\d\d)(?<![a-z.,]) "
+    r"|,(?=[^ ]| \D)|(?<!\d),"
+    r"|:(?=\D|\d\D)"
+    r"|\.(?=[^\d ])|(?<!\d\d)(?<![a-z])\."
+    r"|\+(?=\D)|(?<![.\d]\d)\+"
+    r"|-(?=[^\dA-Fa-f])|(?<!\d\d)(?<!\.\d)(?<![0-9a-fA-F]{4})-"
+    r"|T(?=\D|\d\D)|(?<!\d\d)T"
 )
 _HAS_DIGIT = re.compile(r"\d")
 _PLACEHOLDER_KIND = {"time": "time", "clock": "time", "date": "date", "id": "id", "hex": "id"}
@@ -58,13 +81,21 @@ def find_volatile(text: str) -> tuple[Match, ...]:
     if cached is not None:
         return cached
     found: tuple[Match, ...] = ()
-    if _HAS_DIGIT.search(text) is not None:  # every volatile value has a digit
+    if textscan.search(_HAS_DIGIT, text) is not None:  # every volatile value has a digit
         found = tuple(
             (m.start(), m.end(), _PLACEHOLDER_KIND[m.lastgroup or "hex"], m.group(0))
-            for m in _VOLATILE.finditer(text) if _is_volatile(m)
+            for m in _matches(text) if _is_volatile(m)
         )
     _finds.put(text, found, len(text))
     return found
+
+
+def _matches(text: str) -> Iterator[re.Match[str]]:
+    if not textscan.is_long(text):
+        yield from _VOLATILE.finditer(text)
+        return
+    for start, end in textscan.spans(text, _CUT):
+        yield from _VOLATILE.finditer(text, start, end)
 
 
 def has_volatile(text: str) -> bool:
