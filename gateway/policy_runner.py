@@ -23,6 +23,13 @@ log = logging.getLogger("firsttoken.policies")
 POLICY_HEADER = "x-firsttoken-policies"
 
 
+
+def is_extension_panic(exc: BaseException) -> bool:
+    """A Rust extension's panic (pyo3's PanicException, e.g. from the tokenizer) derives from
+    BaseException, not Exception; a broken policy must still degrade itself, not the request."""
+    return type(exc).__name__ == "PanicException"
+
+
 class PolicyRunner:
     """Builds each distinct chain once, at start-up, so a bad option fails the start, not a request."""
 
@@ -73,6 +80,11 @@ class PolicyRunner:
         except Exception:
             log.exception("policy chain %s failed; forwarding the request unchanged", names)
             return None
+        except BaseException as exc:
+            if not is_extension_panic(exc):
+                raise
+            log.error("policy chain %s panicked; forwarding the request unchanged", names)
+            return None
 
 
 async def report_headers(telemetry, tenant: str, result: PolicyResult,
@@ -93,6 +105,11 @@ async def report_headers(telemetry, tenant: str, result: PolicyResult,
             measure()
     except Exception:
         log.exception("measuring the policy result failed")
+        return {}
+    except BaseException as exc:
+        if not is_extension_panic(exc):
+            raise
+        log.error("measuring the policy result panicked")
         return {}
     headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
     if result.fingerprints is not None and result.cache_key:

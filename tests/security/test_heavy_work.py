@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from gateway.offload import HeavyWork
 from tests.security.conftest import TENANT_A_KEY, auth
@@ -65,3 +66,30 @@ def test_big_bodies_get_the_same_policies_off_the_loop(mock_upstream, make_gatew
     sent = [r["body"] for r in mock_upstream.mock.requests]
     assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]   # slimmed in the worker
     assert sent[0]["prompt_cache_key"].startswith("ft-")         # cache hints applied too
+
+
+async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch):
+    from policies import DEFAULT_POLICIES, PolicyContext, build_chain
+
+    from gateway.policy_runner import report_headers
+
+    class PanicException(BaseException):  # what pyo3 raises; not an Exception
+        pass
+
+    class Telemetry:
+        enabled = False
+
+    result = build_chain(tuple(DEFAULT_POLICIES), {}).transform(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        PolicyContext(endpoint="chat", route_kind="openai", model="m", tenant="t"))
+
+    def raising(exc: BaseException):
+        def measure(**_):
+            raise exc
+        return measure
+
+    monkeypatch.setattr(result, "measure", raising(PanicException("tokenizer panicked")))
+    assert await report_headers(Telemetry(), "t", result) == {}
+    monkeypatch.setattr(result, "measure", raising(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):  # control flow is never swallowed
+        await report_headers(Telemetry(), "t", result)
