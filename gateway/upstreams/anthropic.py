@@ -20,7 +20,7 @@ from gateway.upstreams.anthropic_format import (AnthropicStreamError, AnthropicS
                                                 to_anthropic_request, to_openai_response)
 from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError,
                                     chunk_has_content, client_error, encode_body, relayed_headers)
-from gateway.upstreams.openai import OpenAIUpstream
+from gateway.upstreams.openai import OpenAIUpstream, json_object_body
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -82,14 +82,7 @@ class AnthropicUpstream(OpenAIUpstream):
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
         resp = await self._post_translated({**body, "stream": False}, ctx)
         self._expect(resp, stream=False)
-        raw = await self.read_body(resp)
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise UpstreamError(f"upstream {self.route.name!r} answered with a body that is not "
-                                "a JSON object", status=502)
+        parsed = json_object_body(await self.read_body(resp), self.route.name)
         try:
             out = to_openai_response(parsed, ctx.upstream_model)
         except (KeyError, TypeError, ValueError, AttributeError):

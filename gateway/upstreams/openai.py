@@ -185,15 +185,22 @@ class OpenAIUpstream:
         resp = await self._post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx)
         self._expect(resp, stream=False)
         raw = await self.read_body(resp)
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise UpstreamError(f"upstream {self.route.name!r} answered with a body that is not "
-                                "a JSON object", status=502)
+        parsed = json_object_body(raw, self.route.name)
         return Completed(resp.status, raw, resp.headers.get("content-type", "application/json"),
                          usage_from_chunk(parsed), relayed_headers(resp.raw_headers))
+
+
+def json_object_body(raw: bytes, route_name: str) -> dict:
+    """A non-streaming answer must be one JSON object; anything else (an HTML error page, a
+    bare string) is the upstream breaking its protocol: a 502, never relayed as a 200."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise UpstreamError(f"upstream {route_name!r} answered with a body that is not "
+                            "a JSON object", status=502)
+    return parsed
 
 
 async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:

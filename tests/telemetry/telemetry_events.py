@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
@@ -49,3 +50,13 @@ def make_events(
             )
         )
     return events
+
+
+async def until(predicate, timeout_s: float) -> bool:
+    """Poll `predicate` on the loop until it holds or `timeout_s` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()

@@ -6,18 +6,10 @@ import statistics
 import time
 
 from gateway.telemetry import Telemetry
-from tests.telemetry.telemetry_events import make_events
+from tests.telemetry.telemetry_events import make_events, until
 
 BUFFER_MAX = 200
 
-
-async def _until(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
 
 
 def _prometheus_dropped(telemetry: Telemetry) -> float:
@@ -35,7 +27,7 @@ async def test_redis_killed_and_restarted(private_redis) -> None:
     try:
         for event in events[:100]:
             telemetry.record(event)
-        assert await _until(lambda: telemetry.writer.written == 100, 5)
+        assert await until(lambda: telemetry.writer.written == 100, 5)
 
         private_redis.kill()
         durations = []
@@ -55,7 +47,7 @@ async def test_redis_killed_and_restarted(private_redis) -> None:
         assert _prometheus_dropped(telemetry) == 600 - BUFFER_MAX
 
         private_redis.start()  # a fresh, empty server on the same port
-        assert await _until(lambda: telemetry.writer.buffered == 0, 10)
+        assert await until(lambda: telemetry.writer.buffered == 0, 10)
         report = await telemetry.report("acme")
         # Exactly the buffered events: the 100 written before died with the old server.
         assert sum(r["count"] for r in report["routes"]) == BUFFER_MAX

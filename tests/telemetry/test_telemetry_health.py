@@ -8,19 +8,12 @@ import time
 
 from gateway.telemetry import RequestEvent, Telemetry, writer
 from gateway.telemetry.store import MemoryStore
+from tests.telemetry.telemetry_events import until
 
 
 def _event(ts: float) -> RequestEvent:
     return RequestEvent("acme", "r0", "m", True, "ok", 0.2, 0.1, 1.0, ts=ts)
 
-
-async def _until(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
 
 
 def _state(telemetry: Telemetry) -> str:
@@ -34,12 +27,12 @@ async def test_health_follows_redis_down_and_back(private_redis, monkeypatch):
                                  buffer_max=50)
     await telemetry.start()
     try:
-        assert await _until(lambda: telemetry.writer._last_contact > 0, 2)  # probed at start
+        assert await until(lambda: telemetry.writer._last_contact > 0, 2)  # probed at start
         assert telemetry.health() == {"store": "redis", "state": "ok", "buffered": 0,
                                       "dropped": 0, "failures": 0}
 
         private_redis.kill()
-        assert await _until(lambda: _state(telemetry) == "degraded", 3)  # idle: the probe
+        assert await until(lambda: _state(telemetry) == "degraded", 3)  # idle: the probe
         for _ in range(60):  # requests flow meanwhile: buffered up to the bound, then dropped
             telemetry.record(_event(time.time()))
         health = telemetry.health()
@@ -47,8 +40,8 @@ async def test_health_follows_redis_down_and_back(private_redis, monkeypatch):
         assert (health["buffered"], health["dropped"]) == (50, 10)
 
         private_redis.start()
-        assert await _until(lambda: _state(telemetry) == "ok", 10)
-        assert await _until(lambda: telemetry.writer.buffered == 0, 5)
+        assert await until(lambda: _state(telemetry) == "ok", 10)
+        assert await until(lambda: telemetry.writer.buffered == 0, 5)
         assert telemetry.health()["failures"] == 0
         assert sum(r["count"] for r in (await telemetry.report("acme"))["routes"]) == 50
     finally:
@@ -62,7 +55,7 @@ async def test_health_degraded_when_redis_is_down_from_the_start(private_redis):
     telemetry = Telemetry.create(redis_url=url, flush_interval_s=0.02)
     await telemetry.start()
     try:
-        assert await _until(lambda: _state(telemetry) == "degraded", 3)
+        assert await until(lambda: _state(telemetry) == "degraded", 3)
     finally:
         await telemetry.aclose(timeout_s=0.5)
 

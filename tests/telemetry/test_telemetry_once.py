@@ -14,6 +14,7 @@ from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.aggregate import aggregate_events, minute_of
 from gateway.telemetry.keys import KeySpace
 from gateway.telemetry.redis_store import RedisStore, connect
+from tests.telemetry.telemetry_events import until
 
 EXEC = b"$4\r\nEXEC\r\n"  # how redis-py sends EXEC, at the end of a MULTI/EXEC pipeline
 
@@ -74,14 +75,6 @@ async def _count(telemetry: Telemetry, tenant: str = "acme") -> int:
     return sum(r["count"] for r in (await telemetry.report(tenant))["routes"])
 
 
-async def _until(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
 
 async def test_answer_lost_after_exec_is_not_counted_twice(redis_url, key_prefix, sync_redis):
     proxy = ReplyEater(6379)
@@ -99,7 +92,7 @@ async def test_answer_lost_after_exec_is_not_counted_twice(redis_url, key_prefix
         proxy.armed = True
         for i in range(30):
             telemetry.record(_event("acme" if i % 2 else "globex", f"r{i % 3}", now))
-        assert await _until(lambda: telemetry.writer.written == 40, 5)
+        assert await until(lambda: telemetry.writer.written == 40, 5)
         assert proxy.eaten == 1  # the write was applied and its answer lost, once
         assert await _count(reader) == 20 and await _count(reader, "globex") == 20
         assert telemetry.writer.failures == 0 and telemetry.writer.dropped == 0
@@ -144,7 +137,7 @@ async def test_refused_batch_is_dropped_once_and_the_writer_moves_on(private_red
         with caplog.at_level(logging.ERROR, logger="firsttoken.telemetry"):
             for _ in range(10):
                 telemetry.record(_event("acme", "r0", now))
-            assert await _until(lambda: telemetry.writer.buffered == 0, 5)
+            assert await until(lambda: telemetry.writer.buffered == 0, 5)
             await asyncio.sleep(0.3)
         assert telemetry.writer.dropped == 10 and telemetry.writer.written == 0
         lost = telemetry.writer.lost_batches
@@ -157,7 +150,7 @@ async def test_refused_batch_is_dropped_once_and_the_writer_moves_on(private_red
                           keys=["*"], channels=["*"], reset=True)
         for _ in range(5):
             telemetry.record(_event("acme", "r0", now))
-        assert await _until(lambda: telemetry.writer.written == 5, 5)
+        assert await until(lambda: telemetry.writer.written == 5, 5)
         assert await _count(telemetry) == 5
     finally:
         await telemetry.aclose()
