@@ -59,7 +59,11 @@ def start_mock(first_ms: float = 50, chunks: int = 20, gap_ms: float = 5) -> tup
          "--first-ms", str(first_ms), "--chunks", str(chunks), "--gap-ms", str(gap_ms)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
-    wait_http(base + "/models")
+    try:
+        wait_http(base + "/models")
+    except RuntimeError:
+        stop(proc)
+        raise
     return proc, base
 
 
