@@ -1,18 +1,28 @@
-"""CPU-heavy request work (policies and their report on big bodies) off the event loop.
+"""CPU-heavy request work (parsing, policies and their report on big bodies) off the event loop.
 
 One tenant's 16 MB body must not raise another tenant's latency. Work on a body of at least
-`FIRSTTOKEN_POLICY_THREAD_MIN_BYTES` runs on a small thread pool; each tenant has at most one
-such job at a time, so a tenant that floods the gateway with huge bodies queues behind itself
-while the other worker stays free for everyone else. Small bodies stay on the loop: a thread
-hop costs more than their work.
+`FIRSTTOKEN_POLICY_THREAD_MIN_BYTES` runs on a small thread pool, and a body of at least
+`FIRSTTOKEN_BIG_BODY_BYTES` is parsed and transformed in a worker process (`gateway.big_bodies`:
+parsing holds the GIL, so a thread would not free the loop). Each tenant has at most one such
+job at a time, so a tenant that floods the gateway with huge bodies queues behind itself while
+the other worker stays free for everyone else. Small bodies stay on the loop: a hop costs more
+than their work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import multiprocessing
+import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, TypeVar
+
+from gateway.errors import GatewayError
+
+log = logging.getLogger("firsttoken.offload")
 
 T = TypeVar("T")
 
@@ -23,10 +33,16 @@ SWITCH_INTERVAL_S = 0.001
 
 
 class HeavyWork:
-    def __init__(self, min_bytes: int, workers: int = WORKERS) -> None:
+    def __init__(self, min_bytes: int, workers: int = WORKERS, *, process_min_bytes: int = 0,
+                 process_workers: int = 0,
+                 process_init: tuple[Callable[..., None], tuple[Any, ...]] | None = None) -> None:
         self.min_bytes = min_bytes
+        self.process_min_bytes = process_min_bytes
+        self._process_workers = process_workers
         self._executor = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="firsttoken-heavy")
+        self._process_init = process_init
+        self._processes: ProcessPoolExecutor | None = None  # started on the first big body
         self._per_tenant: dict[str, asyncio.Semaphore] = {}
         self.jobs = 0  # jobs run so far (tests and diagnostics)
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
@@ -35,14 +51,59 @@ class HeavyWork:
     def is_heavy(self, body_bytes: int) -> bool:
         return body_bytes >= self.min_bytes
 
+    def is_big(self, body_bytes: int) -> bool:
+        return (self._process_workers > 0 and self._process_init is not None
+                and body_bytes >= self.process_min_bytes)
+
     async def run(self, tenant: str, fn: Callable[..., T], *args: object) -> T:
-        """Run `fn(*args)` on the pool, one job per tenant at a time."""
+        """Run `fn(*args)` on the thread pool, one job per tenant at a time."""
+        return await self._run(tenant, self._executor, fn, args)
+
+    async def run_in_process(self, tenant: str, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` in a worker process (arguments and result must pickle), one job per
+        tenant at a time. A worker that dies fails this request alone: the pool is rebuilt."""
+        pool = self._processes or self._new_pool()
+        try:
+            return await self._run(tenant, pool, fn, args)
+        except BrokenProcessPool:
+            log.error("a big-body worker process died; restarting the pool")
+            if self._processes is pool:
+                self._processes = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise GatewayError(503, "The gateway could not process this request body; "
+                                    "try again.", code="worker_failed") from None
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        init, initargs = self._process_init  # type: ignore[misc]
+        self._processes = ProcessPoolExecutor(
+            max_workers=self._process_workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=init, initargs=initargs)
+        return self._processes
+
+    async def start_processes(self) -> None:
+        """Start the worker processes now, off the loop: starting one forks this process,
+        which would stall every stream for tens of milliseconds if the first big body did it."""
+        if self._process_workers <= 0 or self._process_init is None:
+            return
+        pool = self._processes or self._new_pool()
+
+        def spawn_all() -> None:
+            for future in [pool.submit(os.getpid) for _ in range(self._process_workers)]:
+                future.result()
+
+        await asyncio.to_thread(spawn_all)
+
+    async def _run(self, tenant: str, executor: Executor, fn: Callable[..., T],
+                   args: tuple[object, ...]) -> T:
         semaphore = self._per_tenant.get(tenant)
         if semaphore is None:
             semaphore = self._per_tenant[tenant] = asyncio.Semaphore(1)
         async with semaphore:
             self.jobs += 1
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.shutdown(wait=False, cancel_futures=True)
+            self._processes = None

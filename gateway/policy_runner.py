@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import types
 from typing import Mapping
 
 from policies import (DEFAULT_POLICIES, PolicyChain, PolicyConfigError, PolicyContext,
@@ -133,6 +134,24 @@ async def _prefix_break(telemetry, tenant: str, result: PolicyResult,
     except Exception:
         log.exception("prefix-break diagnostics failed")
         return {}
+
+
+async def prepared_report_headers(telemetry, tenant: str, tokens_saved: int | None,
+                                  cache_key: str | None, blob: bytes | None,
+                                  offload: HeavyWork) -> dict[str, str]:
+    """`report_headers` for a big body whose report a worker process measured: the prefix
+    comparison with the family's last fingerprints still needs the telemetry store."""
+    headers = {} if tokens_saved is None else {
+        "x-firsttoken-prompt-tokens-saved": str(tokens_saved)}
+    if blob is not None and cache_key:
+        try:
+            fingerprints = await offload.run(tenant, PrefixFingerprints.from_bytes, blob)
+        except Exception:
+            log.exception("reading a worker's prefix fingerprints failed")
+            return headers
+        measured = types.SimpleNamespace(cache_key=cache_key, fingerprints=fingerprints)
+        headers.update(await _prefix_break(telemetry, tenant, measured, offload))
+    return headers
 
 
 def _compare(previous_blob: bytes, current: PrefixFingerprints) -> tuple[PrefixBreak | None, int]:

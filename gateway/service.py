@@ -16,15 +16,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.big_bodies import PreEncoded, Prepared, Refused, dumps_settings, prepare, worker_init
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.ownership import Ownership, find_references, might_reference
-from gateway.policy_runner import POLICY_HEADER, PolicyRunner, report_headers
+from gateway.policy_runner import (POLICY_HEADER, PolicyRunner, prepared_report_headers,
+                                   report_headers)
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import (parse_json, read_body, require_model, validate_chat,
                                   validate_completion)
 from gateway.routes import Route, RouteTable, load_routes
-from gateway.settings import Settings, SettingsError
+from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
 from gateway.timing import RequestTiming
 from gateway.upstreams import Upstream, build_upstream
 
@@ -68,9 +70,16 @@ class Gateway:
         self.policies = PolicyRunner(settings, table.routes, environ)
         self.telemetry = self._telemetry(settings, environ)
         self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
-        self.offload = HeavyWork(settings.policy_thread_min_bytes)
+        self.offload = HeavyWork(
+            settings.policy_thread_min_bytes, process_min_bytes=settings.big_body_bytes,
+            process_workers=settings.big_body_workers if table.first_of_kind("openai") else 0,
+            process_init=(worker_init, (dumps_settings(settings),
+                                        [r.model_dump(mode="json") for r in table.routes],
+                                        {ENV_PREFIX + k: v
+                                         for k, v in policy_options(environ).items()})))
         self._started: dict[str, asyncio.Task] = {}
         self._warmups: list[asyncio.Task] = []
+        self._processes_started: asyncio.Future | None = None
 
     @staticmethod
     def _telemetry(settings: Settings, environ: Mapping[str, str]):
@@ -94,6 +103,8 @@ class Gateway:
     async def start(self) -> None:
         await self.telemetry.start()
         self._warmups.append(asyncio.ensure_future(asyncio.to_thread(warm_up_tokens)))
+        # Not a readiness condition: a big body that comes first waits for them.
+        self._processes_started = asyncio.ensure_future(self.offload.start_processes())
         for name, upstream in self.upstreams.items():
             self._started[name] = asyncio.ensure_future(self._start_upstream(upstream))
 
@@ -140,6 +151,8 @@ class Gateway:
     async def aclose(self) -> None:
         for task in [*self._started.values(), *self._warmups]:
             task.cancel()
+        if self._processes_started is not None:
+            self._processes_started.cancel()
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
         await self.telemetry.aclose()
         self.offload.close()
@@ -152,12 +165,16 @@ class Gateway:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
             raw = await read_body(request, settings.max_body_bytes)
-            body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
-            model = require_model(body, settings.max_model_chars)
-            if endpoint == "chat":
-                validate_chat(body, settings.max_messages)
+            big = await self._prepare_big(request, endpoint, tenant, raw)
+            if big is not None:
+                model, body = big.model, None
             else:
-                validate_completion(body)
+                body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+                model = require_model(body, settings.max_model_chars)
+                if endpoint == "chat":
+                    validate_chat(body, settings.max_messages)
+                else:
+                    validate_completion(body)
             route = self.table.match(model)
             if route is None:
                 if not self.table.routes:
@@ -166,21 +183,62 @@ class Gateway:
                                    param="model", code="model_not_found")
             await self.upstream_ready(route.name)
             chain = [route, *[r for r in self.table.chain(route)[1:] if await self._usable(r)]]
-            stream = bool(body.get("stream"))
+            stream = big.stream if big is not None else bool(body.get("stream"))
             timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
                                    wall_arrival=wall_arrival)
-            heavy = self.offload.is_heavy(len(raw))
-            if self.objects.enabled and might_reference(raw):  # a `file` part names an upload
-                ids = (await self.offload.run(tenant, find_references, body) if heavy
-                       else find_references(body))
-                await self.objects.routes_of(tenant, ids)  # 404 unless all are the tenant's
-            plan = await self._plan(request, endpoint, tenant, body, model, chain, stream, timing,
-                                    heavy)
+            if big is not None:
+                if self.objects.enabled:  # a `file` part names an upload
+                    await self.objects.routes_of(tenant, big.references)
+                plan = self._plan_big(request, endpoint, tenant, big, chain, timing)
+            else:
+                heavy = self.offload.is_heavy(len(raw))
+                if self.objects.enabled and might_reference(raw):
+                    ids = (await self.offload.run(tenant, find_references, body) if heavy
+                           else find_references(body))
+                    await self.objects.routes_of(tenant, ids)  # 404 unless all are the tenant's
+                plan = await self._plan(request, endpoint, tenant, body, model, chain, stream,
+                                        timing, heavy)
         except GatewayError as exc:
             return exc.to_response()
         if stream:
             return self.proxy.stream(plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
+
+    async def _prepare_big(self, request: Request, endpoint: str, tenant: str,
+                           raw: bytes) -> Prepared | None:
+        """A big body's parse, checks and policies, done by a worker process; None when the
+        body is not big or its routes need it parsed here (see `gateway.big_bodies`)."""
+        if not self.offload.is_big(len(raw)):
+            return None
+        outcome = await self.offload.run_in_process(
+            tenant, prepare, raw, endpoint, tenant, request.headers.get(POLICY_HEADER),
+            self.objects.enabled, self.telemetry.enabled)
+        if isinstance(outcome, Refused):
+            raise outcome.error()
+        return outcome if isinstance(outcome, Prepared) else None
+
+    def _plan_big(self, request: Request, endpoint: str, tenant: str, big: Prepared,
+                  chain: list[Route], timing: RequestTiming) -> Plan:
+        bodies = {name: PreEncoded(b.encoded, b.upstream_model, big.stream)
+                  for name, b in big.bodies.items()}
+        applied = ",".join(big.applied) if big.applied is not None else "none"
+        late = None
+        if big.applied is not None:
+            timing.prompt_tokens_saved = big.tokens_saved or 0
+            report = asyncio.ensure_future(prepared_report_headers(
+                self.telemetry, tenant, big.tokens_saved, big.cache_key, big.fingerprints,
+                self.offload))
+
+            def late():
+                return report
+        telemetry = self.telemetry
+        return Plan(
+            endpoint=endpoint, tenant=tenant, request_id=next_request_id(), chain=chain,
+            bodies=lambda route: bodies[route.name], client_wants_usage=big.client_wants_usage,
+            response_headers={"x-firsttoken-policies": applied}, late_headers=late,
+            forward_headers=_forwardable(request),
+            on_finish=lambda t: telemetry.record(t.to_event()),
+        )
 
     async def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
                     chain: list[Route], stream: bool, timing: RequestTiming, heavy: bool) -> Plan:

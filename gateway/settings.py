@@ -49,6 +49,9 @@ class Settings(BaseSettings):
                                   description="non-JSON passthrough bodies (file uploads, 413)")
     policy_thread_min_bytes: int = Field(
         64 * 1024, ge=0, description="bodies at least this big run their policies off the event loop")
+    big_body_bytes: int = Field(
+        1024 * 1024, ge=1, description="bodies at least this big are parsed in worker processes")
+    big_body_workers: int = Field(2, ge=0, le=16, description="worker processes for big bodies; 0: none")
 
     # Limits on what an upstream sends back
     max_event_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one upstream SSE event")

@@ -120,6 +120,8 @@ def client_error(message: str, param: str | None = None) -> UpstreamError:
 def encode_body(body: dict) -> bytes:
     """The upstream request's bytes; a body orjson cannot write (nesting past its limit, an
     integer past 64 bits) is the client's error, not the upstream's."""
+    if type(body) is not dict:  # a big body, encoded by a worker process (PreEncoded)
+        return body.encoded  # type: ignore[attr-defined]
     try:
         return orjson.dumps(body)
     except orjson.JSONEncodeError as exc:

@@ -1,0 +1,173 @@
+"""Big chat and completions bodies are parsed, checked and transformed in worker processes.
+
+orjson parses a 16 MB body in 60-160 ms and holds the interpreter all along, so on the event loop
+(or on a thread: the GIL is the same) one tenant's big body would stall every other tenant's
+stream for that long. A body of at least `FIRSTTOKEN_BIG_BODY_BYTES` therefore goes, as bytes,
+to a small process pool that does what the loop would have done: parse within the limits,
+validate, find object references, run the policy chain for each route of the model's chain and
+encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
+
+Only chains of `openai` routes take this path: their upstream body is the encoded JSON as it
+is. Anthropic and local routes need the parsed body in this process; theirs stay on the thread
+path (`gateway.offload`). Worker functions take and return only plain data, so nothing of the
+gateway's state crosses the process boundary besides what `worker_init` receives.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError
+
+# Set in each worker process by `worker_init`.
+_WORKER: dict[str, Any] = {}
+WORKER_NICE = 19  # a worker yields the CPU to the serving loop whenever both want it
+
+
+@dataclass(frozen=True)
+class RouteBody:
+    encoded: bytes              # the upstream request body
+    upstream_model: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the loop needs from a big body."""
+
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    references: list[str]
+    bodies: dict[str, RouteBody]          # per route name of the chain
+    applied: list[str] | None              # None: no policy ran (or the chain failed)
+    tokens_saved: int | None
+    cache_key: str | None
+    fingerprints: bytes | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A GatewayError, as plain data (its keyword-only constructor does not pickle)."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def error(self) -> GatewayError:
+        return GatewayError(self.status, self.message, type=self.type, param=self.param,
+                            code=self.code)
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """The body's chain needs the parsed body in the gateway process (not only `openai`)."""
+
+    reason: str = field(default="route kind")
+
+
+class PreEncoded(dict):
+    """An upstream body already encoded by a worker: the dict carries only `model` and
+    `stream` for the proxy, `encode_body` sends `encoded` as it is."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, encoded: bytes, model: str, stream: bool) -> None:
+        super().__init__(model=model, stream=stream)
+        self.encoded = encoded
+
+
+def worker_init(settings_data: dict, routes_data: list[dict],
+                policy_environ: dict[str, str]) -> None:
+    """Build, once per worker, the settings, route table and policy chains it needs."""
+    from gateway.policy_runner import PolicyRunner
+    from gateway.routes import Route, RouteTable
+    from gateway.settings import Settings
+
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+    settings = Settings.model_construct(**settings_data)
+    routes = [Route.model_validate(data) for data in routes_data]
+    _WORKER.update(settings=settings, table=RouteTable(routes),
+                   policies=PolicyRunner(settings, routes, policy_environ))
+
+
+def prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
+            find_refs: bool, fingerprints: bool) -> Prepared | Refused | NotHere:
+    """In a worker: everything the loop would do with `raw` before the upstream call."""
+    try:
+        return _prepare(raw, endpoint, tenant, policy_header, find_refs, fingerprints)
+    except GatewayError as exc:
+        return Refused(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
+             find_refs: bool, fingerprints: bool) -> Prepared | NotHere:
+    from policies import PolicyContext
+
+    from gateway.ownership import find_references, might_reference
+    from gateway.request_body import (parse_json, require_model, validate_chat,
+                                      validate_completion)
+    from gateway.upstreams.base import encode_body
+
+    settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
+    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    model = require_model(body, settings.max_model_chars)
+    if endpoint == "chat":
+        validate_chat(body, settings.max_messages)
+    else:
+        validate_completion(body)
+    route = table.match(model)
+    if route is None:
+        return NotHere("no route")  # the loop answers with its own 404/503
+    chain = table.chain(route)
+    if any(r.kind != "openai" for r in chain):
+        return NotHere()
+    names = policies.names_for(route, policy_header)
+    stream = bool(body.get("stream"))
+    bodies, primary = {}, None
+    for position, r in enumerate(chain):
+        upstream_model = r.upstream_model(model)
+        ctx = PolicyContext(endpoint=endpoint, route_kind=r.kind, model=upstream_model,
+                            tenant=tenant)
+        result = policies.apply(names, body, ctx)
+        if position == 0:
+            primary = result
+        out = dict(result.body if result is not None else body)
+        out["model"] = upstream_model
+        if stream:
+            out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+        try:
+            encoded = encode_body(out)
+        except Exception as exc:  # UpstreamError: the client's body cannot be written
+            raise GatewayError(400, getattr(exc, "message", str(exc)),
+                               code="invalid_body") from None
+        bodies[r.name] = RouteBody(encoded, upstream_model)
+    tokens_saved = blob = None
+    if primary is not None:
+        try:
+            primary.measure(fingerprints=fingerprints)
+            tokens_saved = max(0, primary.prompt_tokens_saved)
+            blob = primary.fingerprints.to_bytes() if primary.fingerprints is not None else None
+        except Exception:  # the report degrades, never the request
+            tokens_saved = blob = None
+    options = body.get("stream_options")
+    return Prepared(
+        model=model, stream=stream,
+        client_wants_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        references=find_references(body) if find_refs and might_reference(raw) else [],
+        bodies=bodies, applied=list(primary.applied) if primary is not None else None,
+        tokens_saved=tokens_saved, cache_key=primary.cache_key if primary is not None else None,
+        fingerprints=blob)
+
+
+def dumps_settings(settings: Any) -> dict:
+    """Settings as plain data for `worker_init` (round-trips through JSON types only)."""
+    return orjson.loads(orjson.dumps(settings.model_dump()))
