@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import sys
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, TypeVar
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 from gateway.errors import GatewayError
 
@@ -42,7 +43,7 @@ class HeavyWork:
         self._executor = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="firsttoken-heavy")
         self._process_init = process_init
-        self._processes: ProcessPoolExecutor | None = None  # started on the first big body
+        self._processes: "ProcessPoolExecutor | None" = None  # started on the first big body
         self._per_tenant: dict[str, asyncio.Semaphore] = {}
         self.jobs = 0  # jobs run so far (tests and diagnostics)
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
@@ -62,6 +63,8 @@ class HeavyWork:
     async def run_in_process(self, tenant: str, fn: Callable[..., T], *args: object) -> T:
         """Run `fn(*args)` in a worker process (arguments and result must pickle), one job per
         tenant at a time. A worker that dies fails this request alone: the pool is rebuilt."""
+        from concurrent.futures.process import BrokenProcessPool
+
         pool = self._processes or self._new_pool()
         try:
             return await self._run(tenant, pool, fn, args)
@@ -74,6 +77,9 @@ class HeavyWork:
                                     "try again.", code="worker_failed") from None
 
     def _new_pool(self) -> ProcessPoolExecutor:
+        import multiprocessing  # only for a gateway that starts workers
+        from concurrent.futures import ProcessPoolExecutor
+
         init, initargs = self._process_init  # type: ignore[misc]
         self._processes = ProcessPoolExecutor(
             max_workers=self._process_workers, mp_context=multiprocessing.get_context("spawn"),
@@ -107,3 +113,15 @@ class HeavyWork:
         if self._processes is not None:
             self._processes.shutdown(wait=False, cancel_futures=True)
             self._processes = None
+
+    async def aclose(self, timeout_s: float = 3.0) -> None:
+        """Stop the workers, waiting a little for them to exit cleanly (a job still running
+        after `timeout_s` is left to finish on its own)."""
+        pool, self._processes = self._processes, None
+        self.close()
+        if pool is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(pool.shutdown, True, cancel_futures=True),
+                                       timeout_s)
+            except TimeoutError:
+                log.warning("a big-body worker was still busy at shutdown")

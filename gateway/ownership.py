@@ -28,7 +28,6 @@ import time
 from collections import OrderedDict
 from typing import Any, Iterable, Protocol
 
-import redis.exceptions
 
 from gateway.errors import GatewayError
 from gateway.telemetry.keys import escape_name
@@ -185,8 +184,11 @@ class RedisRecords:
     """Records in Redis: one string per object, keyed under the tenant's hash tag."""
 
     def __init__(self, client: Any, prefix: str) -> None:
+        import redis.exceptions  # only with a Redis store (its client imported it already)
+
         self.client = client
         self.prefix = prefix
+        self.unavailable = (redis.exceptions.RedisError, OSError, asyncio.TimeoutError)
 
     def key(self, tenant: str, object_id: str) -> str:
         return f"{self.prefix}:obj:{{t={escape_name(tenant)}}}:{escape_name(object_id)}"
@@ -227,7 +229,7 @@ class Ownership:
     async def _call(self, coro: Any) -> Any:
         try:
             return await asyncio.wait_for(coro, STORE_TIMEOUT_S)
-        except (redis.exceptions.RedisError, OSError, asyncio.TimeoutError) as exc:
+        except getattr(self.records, "unavailable", (OSError, asyncio.TimeoutError)) as exc:
             log.warning("object ownership store unavailable: %s", type(exc).__name__)
             raise GatewayError(503, "The object ownership store is unavailable; try again "
                                     "shortly.", code="ownership_store_unavailable") from None

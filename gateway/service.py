@@ -103,10 +103,15 @@ class Gateway:
     async def start(self) -> None:
         await self.telemetry.start()
         self._warmups.append(asyncio.ensure_future(asyncio.to_thread(warm_up_tokens)))
-        # Not a readiness condition: a big body that comes first waits for them.
-        self._processes_started = asyncio.ensure_future(self.offload.start_processes())
+        self._processes_started = asyncio.ensure_future(self._start_processes())
         for name, upstream in self.upstreams.items():
             self._started[name] = asyncio.ensure_future(self._start_upstream(upstream))
+
+    async def _start_processes(self) -> None:
+        """The big-body workers start once the gateway is ready, so that their start does not
+        delay readiness; they are not a condition of it (a big body that comes first waits)."""
+        await asyncio.gather(*self._started.values(), *self._warmups, return_exceptions=True)
+        await self.offload.start_processes()
 
     async def _start_upstream(self, upstream: Upstream) -> None:
         await upstream.start()
@@ -155,7 +160,7 @@ class Gateway:
             self._processes_started.cancel()
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
         await self.telemetry.aclose()
-        self.offload.close()
+        await self.offload.aclose()
 
     # requests ------------------------------------------------------------------------------
 
@@ -165,7 +170,8 @@ class Gateway:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
             raw = await read_body(request, settings.max_body_bytes)
-            big = await self._prepare_big(request, endpoint, tenant, raw)
+            big = (await self._prepare_big(request, endpoint, tenant, raw)
+                   if self.offload.is_big(len(raw)) else None)
             if big is not None:
                 model, body = big.model, None
             else:
@@ -206,10 +212,8 @@ class Gateway:
 
     async def _prepare_big(self, request: Request, endpoint: str, tenant: str,
                            raw: bytes) -> Prepared | None:
-        """A big body's parse, checks and policies, done by a worker process; None when the
-        body is not big or its routes need it parsed here (see `gateway.big_bodies`)."""
-        if not self.offload.is_big(len(raw)):
-            return None
+        """A big body's parse, checks and policies, done by a worker process; None when its
+        routes need it parsed here (see `gateway.big_bodies`)."""
         outcome = await self.offload.run_in_process(
             tenant, prepare, raw, endpoint, tenant, request.headers.get(POLICY_HEADER),
             self.objects.enabled, self.telemetry.enabled)
