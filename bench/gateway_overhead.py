@@ -1,10 +1,12 @@
 """How much the gateway adds to TTFT and takes from throughput, against a direct baseline.
 
-    python bench/gateway_overhead.py [--seconds 6] [--concurrency 1 16 64]
+    python bench/gateway_overhead.py [--seconds 6] [--concurrency 1 16 64] [--baseline DIR]
 
 A mock OpenAI upstream (first token after 50 ms, 20 chunks 5 ms apart, usage, [DONE]) runs on
 loopback; the same closed-loop load runs directly, through `firsttoken serve`, and through a
 bare aiohttp relay (`minimal_passthrough.py`, the floor for any Python proxy here), interleaved.
+`--baseline DIR` also serves the gateway from another checkout (`git worktree add DIR REV`) in
+the same rounds, so that a change is compared with its parent on the same noise.
 Prints a table, writes bench/results/gateway_overhead.json.
 """
 
@@ -30,16 +32,20 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="load time per target and level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gateway_overhead.json"))
+    parser.add_argument("--baseline", help="a checkout whose gateway runs in the same rounds")
     args = parser.parse_args()
     pin_self()
     mock, upstream = start_mock()
     gateway, through, ready_s = start_gateway(upstream)
     floor_proc, floor = start_minimal_passthrough(upstream)
+    targets = {"direct": upstream, "gateway": through, "floor": floor}
+    baseline_proc = None
+    if args.baseline:
+        baseline_proc, targets["baseline"], _ = start_gateway(upstream, root=args.baseline)
     rows = []
     try:
         for c in args.concurrency:
-            res = interleaved({"direct": upstream, "gateway": through, "floor": floor}, c,
-                              args.seconds)
+            res = interleaved(targets, c, args.seconds)
             d, g, f = res["direct"], res["gateway"], res["floor"]
             rows.append({
                 "concurrency": c,
@@ -51,10 +57,16 @@ def main() -> int:
                 "throughput_ratio": g.rps / d.rps if d.rps else float("nan"),
                 "errors": d.errors + g.errors + f.errors,
             })
+            if "baseline" in res:
+                b = res["baseline"]
+                rows[-1].update(baseline_added_ttft_p50_ms=b.pct(50) - d.pct(50),
+                                baseline_throughput_ratio=b.rps / d.rps if d.rps else float("nan"))
         rss = peak_rss_mb(gateway.pid)
     finally:
         stop(gateway)
         stop(floor_proc)
+        if baseline_proc is not None:
+            stop(baseline_proc)
         stop(mock)
 
     print(f"{'conc':>4} {'direct p50':>10} {'p99':>7} {'gw p50':>8} {'p99':>7} {'added p50':>9} "
@@ -66,6 +78,14 @@ def main() -> int:
               f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
               f"{r['throughput_ratio']:>6.3f} {r['errors']:>4}")
     print("floor added = TTFT added by a bare aiohttp relay (bench/minimal_passthrough.py)")
+    if args.baseline:
+        print(f"{'conc':>4} {'added p50':>9} {'baseline':>8} {'change':>7} {'ratio':>6} "
+              f"{'baseline':>8}   (baseline: {args.baseline})")
+        for r in rows:
+            print(f"{r['concurrency']:>4} {r['added_ttft_p50_ms']:>9.2f} "
+                  f"{r['baseline_added_ttft_p50_ms']:>8.2f} "
+                  f"{r['added_ttft_p50_ms'] - r['baseline_added_ttft_p50_ms']:>+7.2f} "
+                  f"{r['throughput_ratio']:>6.3f} {r['baseline_throughput_ratio']:>8.3f}")
     print(f"gateway peak RSS {rss:.1f} MB, ready in {ready_s:.2f} s")
 
     verdicts = []

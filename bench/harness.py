@@ -67,9 +67,10 @@ def start_mock(first_ms: float = 50, chunks: int = 20, gap_ms: float = 5) -> tup
     return proc, base
 
 
-def start_gateway(upstream_base: str, extra_env: dict[str, str] | None = None
-                  ) -> tuple[subprocess.Popen, str, float]:
-    """Start `firsttoken serve` on core 0; returns (process, base url, seconds to ready)."""
+def start_gateway(upstream_base: str, extra_env: dict[str, str] | None = None,
+                  root: str | None = None) -> tuple[subprocess.Popen, str, float]:
+    """Start `firsttoken serve` on core 0; returns (process, base url, seconds to ready).
+    `root`: another checkout to run the gateway from (a baseline), else this one."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTTOKEN_")}
     env.update({"FIRSTTOKEN_ROUTES": orjson.dumps([{
@@ -79,7 +80,7 @@ def start_gateway(upstream_base: str, extra_env: dict[str, str] | None = None
     started = time.perf_counter()
     proc = subprocess.Popen(
         [*_taskset(GATEWAY_CORE), sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cwd=root or ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/readyz")

@@ -16,6 +16,8 @@ gateway's state crosses the process boundary besides what `worker_init` receives
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +95,24 @@ def worker_init(settings_data: dict, routes_data: list[dict],
         os.nice(WORKER_NICE)
     except OSError:
         pass
+    _exit_with_parent()
     settings = Settings.model_construct(**settings_data)
     routes = [Route.model_validate(data) for data in routes_data]
     _WORKER.update(settings=settings, table=RouteTable(routes),
                    policies=PolicyRunner(settings, routes, policy_environ))
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers; each watches for its
+    parent to go and exits, instead of holding its memory forever."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,

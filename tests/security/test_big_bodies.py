@@ -14,6 +14,7 @@ from gateway.errors import GatewayError
 from tests.gateway.conftest import openai_route
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIG = 4096  # FIRSTTOKEN_BIG_BODY_BYTES in these tests: every body below is bigger
 PADDING = "Background.   \n\n\n\n\n" + "lorem ipsum dolor " * 400
 
@@ -116,3 +117,49 @@ async def test_a_worker_that_dies_fails_its_request_alone():
         assert orjson.loads(outcome.bodies["mock"].encoded)["messages"][1]["content"] == "hi"
     finally:
         work.close()
+
+
+def test_workers_exit_when_their_gateway_is_killed(tmp_path):
+    """A gateway killed outright leaves no worker process behind holding memory."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "gw.py"
+    script.write_text(
+        "import asyncio, os, sys\n"
+        "from gateway.big_bodies import dumps_settings, worker_init\n"
+        "from gateway.offload import HeavyWork\n"
+        "from gateway.settings import Settings\n"
+        "routes = [{'name': 'm', 'models': ['*'], 'kind': 'openai', 'base_url': 'http://x/v1'}]\n"
+        "async def main():\n"
+        "    work = HeavyWork(0, process_min_bytes=1, process_workers=1, process_init=(\n"
+        "        worker_init, (dumps_settings(Settings()), routes, {})))\n"
+        "    await work.start_processes()\n"
+        "    print(await work.run_in_process('t', os.getpid), flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    gateway = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env,
+                               text=True)
+    try:
+        worker = int(gateway.stdout.readline())
+        assert os.path.exists(f"/proc/{worker}")
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(worker):
+            assert time.monotonic() < deadline, "the worker outlived its gateway"
+            time.sleep(0.1)
+    finally:
+        gateway.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
