@@ -129,17 +129,11 @@ def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
     from policies import PolicyContext
 
     from gateway.ownership import find_references, might_reference
-    from gateway.request_body import (parse_json, require_model, validate_chat,
-                                      validate_completion)
+    from gateway.request_body import parse_request, upstream_body
     from gateway.upstreams.base import encode_body
 
     settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
-    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
-    model = require_model(body, settings.max_model_chars)
-    if endpoint == "chat":
-        validate_chat(body, settings.max_messages)
-    else:
-        validate_completion(body)
+    body, model = parse_request(raw, endpoint, settings)
     route = table.match(model)
     if route is None:
         return NotHere("no route")  # the loop answers with its own 404/503
@@ -156,10 +150,7 @@ def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
         result = policies.apply(names, body, ctx)
         if position == 0:
             primary = result
-        out = dict(result.body if result is not None else body)
-        out["model"] = upstream_model
-        if stream:
-            out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+        out = upstream_body(result.body if result is not None else body, upstream_model, stream)
         try:
             encoded = encode_body(out)
         except Exception as exc:  # UpstreamError: the client's body cannot be written

@@ -13,6 +13,7 @@ import orjson
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.settings import Settings
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -128,3 +129,25 @@ def _validate_stream(body: dict) -> None:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise GatewayError(400, "'stream_options' must be an object.", param="stream_options")
+
+
+def parse_request(raw: bytes, endpoint: str, settings: Settings) -> tuple[dict, str]:
+    """A chat or completions body, parsed within the limits and checked enough to route it:
+    (body, model). The same on the loop and in a big-body worker process."""
+    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    model = require_model(body, settings.max_model_chars)
+    if endpoint == "chat":
+        validate_chat(body, settings.max_messages)
+    else:
+        validate_completion(body)
+    return body, model
+
+
+def upstream_body(transformed: dict, upstream_model: str, stream: bool) -> dict:
+    """The body a route's upstream gets: the policies' output under the route's model name,
+    asking for usage on streams (the proxy removes it again if the client did not ask)."""
+    out = dict(transformed)
+    out["model"] = upstream_model
+    if stream:
+        out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+    return out

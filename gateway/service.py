@@ -23,8 +23,7 @@ from gateway.ownership import Ownership, find_references, might_reference
 from gateway.policy_runner import (POLICY_HEADER, PolicyRunner, prepared_report_headers,
                                    report_headers)
 from gateway.proxy import Plan, Proxy
-from gateway.request_body import (parse_json, read_body, require_model, validate_chat,
-                                  validate_completion)
+from gateway.request_body import parse_request, read_body, upstream_body
 from gateway.routes import Route, RouteTable, load_routes
 from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
 from gateway.timing import RequestTiming
@@ -175,12 +174,7 @@ class Gateway:
             if big is not None:
                 model, body = big.model, None
             else:
-                body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
-                model = require_model(body, settings.max_model_chars)
-                if endpoint == "chat":
-                    validate_chat(body, settings.max_messages)
-                else:
-                    validate_completion(body)
+                body, model = parse_request(raw, endpoint, settings)
             route = self.table.match(model)
             if route is None:
                 if not self.table.routes:
@@ -260,10 +254,8 @@ class Gateway:
                                 tenant=tenant)
             result = self.policies.apply(names, body, ctx)
             results[route.name] = result
-            out = dict(result.body if result is not None else body)
-            out["model"] = upstream_model
-            if stream:
-                out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+            out = upstream_body(result.body if result is not None else body, upstream_model,
+                                stream)
             bodies[route.name] = out
             return out
 
