@@ -23,7 +23,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.ownership import Ownership
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import SSE_HEADERS, SSEParser
+from gateway.sse import SSE_HEADERS, EventTooLarge, SSEParser
 from gateway.upstream_paths import PassPath
 
 log = logging.getLogger("firsttoken.passthrough")
@@ -130,43 +130,49 @@ class Relay:
         return status
 
     async def events(self, resp: aiohttp.ClientResponse, headers: dict[str, str]) -> int:
-        """An SSE stream, event bytes as received, each event bounded. A create's first events
-        are held until the ids they name are recorded as the tenant's."""
+        """An SSE stream, whole events as they complete (line ends normalised), each bounded.
+        A create's first events are held until the ids they name are recorded as the tenant's."""
         await self.start(200, {**headers, **SSE_HEADERS,
                                "content-type": "text/event-stream; charset=utf-8"})
         self.streaming_events = True
-        bound = EventBound(self.settings.max_event_bytes)
+        limit = self.settings.max_event_bytes
         watch = (self.objects.enabled and self.method == "POST"
                  and self.path.collection is not None)
-        parser, held, scanned = SSEParser(bound.limit + 16), [], 0  # `bound` trips first
+        # Only whole events go out: a cut in the middle of one would leave the client a partial
+        # event with our error event glued to it.
+        parser, held, scanned = SSEParser(limit), [], 0
         status = 200
         try:
             async for chunk in resp.content.iter_any():
-                fits = bound.feed(chunk)
-                if not fits:  # deliver the events that did complete, then report
-                    chunk = chunk[:bound.last_end]
+                try:
+                    events, too_big = parser.feed(chunk), False
+                except EventTooLarge as exc:  # deliver the events that did complete, then report
+                    events, too_big = exc.events, True
                 if watch:
-                    held.append(chunk)
-                    for event in parser.feed(chunk):
+                    for event in events:
                         scanned += 1
                         created = created_ids(event.event, event.data)
                         if created:
                             await self.objects.record(self.tenant, self.path.family,
                                                       self.route.name, created)
                         watch = watch and not created and scanned < CREATED_EVENTS_SCANNED
-                    if watch and fits:
+                    held.extend(event.raw for event in events)
+                    if watch and not too_big:
                         continue
-                    chunk, held = b"".join(held), []
-                if chunk:
-                    await self.write(chunk)
-                if not fits:
+                    out, held = b"".join(held), []
+                else:
+                    out = b"".join(event.raw for event in events)
+                if out:
+                    await self.write(out)
+                if too_big:
                     status = 502
-                    await self.error_event(f"An upstream event exceeded {bound.limit} bytes "
+                    await self.error_event(f"An upstream event exceeded {limit} bytes "
                                            "(FIRSTTOKEN_MAX_EVENT_BYTES).")
                     break
             else:
-                if held:
-                    await self.write(b"".join(held))
+                out = b"".join([*held, *(event.raw for event in parser.flush())])
+                if out:
+                    await self.write(out)
         except GatewayError as exc:
             await self.error_event(exc.message, exc.type)
             status = exc.status
@@ -180,32 +186,6 @@ class Relay:
         """An in-stream error as the OpenAI SDK reads it (`event: error`, `data.error`)."""
         event = {"type": "error", **error_body(message, type)}
         await self.write(b"event: error\ndata: " + orjson.dumps(event) + b"\n\n")
-
-
-class EventBound:
-    """Bytes since the last blank line of an SSE stream, checked per chunk in O(chunk)."""
-
-    __slots__ = ("limit", "open", "last_end", "_tail")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-        self.last_end = 0  # in the last chunk fed: where its last complete event ends
-        self._tail = b""
-
-    def feed(self, chunk: bytes) -> bool:
-        ends = [chunk.rfind(sep) + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r")
-                if sep in chunk]
-        self.last_end = max(ends) if ends else 0
-        joined = self._tail + chunk[:3]
-        if ends:
-            self.open = len(chunk) - self.last_end
-        elif b"\n\n" in joined or b"\r\n\r\n" in joined or b"\r\r" in joined:
-            self.open = len(chunk)  # a blank line split across two reads
-        else:
-            self.open += len(chunk)
-        self._tail = chunk[-3:]
-        return self.open <= self.limit
 
 
 def created_ids(name: str | None, data: bytes | None) -> list[str]:
