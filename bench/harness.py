@@ -54,10 +54,14 @@ def wait_http(url: str, timeout: float = 30.0) -> float:
 
 def start_mock(first_ms: float = 50, chunks: int = 20, gap_ms: float = 5) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen(
+    return start_upstream(
         [*_taskset(HARNESS_CORE), sys.executable, "-m", "bench.mock_openai", "--port", str(port),
-         "--first-ms", str(first_ms), "--chunks", str(chunks), "--gap-ms", str(gap_ms)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--first-ms", str(first_ms), "--chunks", str(chunks), "--gap-ms", str(gap_ms)], port)
+
+
+def start_upstream(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
+    """Start a mock upstream serving `/v1/models` on `port`; stopped again if it never answers."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         wait_http(base + "/models")

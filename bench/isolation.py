@@ -45,7 +45,7 @@ import orjson
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import (HARNESS_CORE, ROOT, LoadResult, free_port, merge,  # noqa: E402
-                           pin_self, start_gateway, start_mock, stop, wait_http)
+                           pin_self, start_gateway, start_mock, start_upstream, stop)
 from bench.isolation_inputs import (ATTACKER_KEY, GRACE_S, PHASES,  # noqa: E402
                                     REQUEST_TIMEOUT_S, Limits, attack, limit_env, probes_for)
 
@@ -150,17 +150,8 @@ class Placement:
 
 def start_attacker_mock(place: Placement) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [*place.prefix(place.mock_core), sys.executable, os.path.abspath(__file__),
-         "--upstream-port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_http(base + "/models")
-    except RuntimeError:
-        stop(proc)
-        raise
-    return proc, base
+    return start_upstream([*place.prefix(place.mock_core), sys.executable,
+                           os.path.abspath(__file__), "--upstream-port", str(port)], port)
 
 
 def upstream_main(port: int) -> int:

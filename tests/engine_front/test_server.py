@@ -14,6 +14,7 @@ import uvicorn
 
 from engine_backend import LocalEngine
 from engine_backend.server import build_parser, create_app, main
+from tests.engine_front.faults import break_sampling
 
 LONG_TEXT = " ".join(f"rule {i}: answer briefly and cite the source." for i in range(12))
 
@@ -139,20 +140,8 @@ def test_poison_values_are_400s_and_the_engine_keeps_serving(served, field, valu
 
 def test_a_request_failing_in_the_engine_is_a_500_or_an_in_stream_error(served) -> None:
     base, engine = served
-    llm = engine.engine
-    real = llm.sampler
-
-    class Breaking:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def sample(self, logits, params, generators):
-            if any(p.seed == 31337 for p in params):
-                raise RuntimeError("injected")
-            return real.sample(logits, params, generators)
-
     body = {"model": "tiny", "messages": messages(), "max_tokens": 5, "seed": 31337}
-    llm.sampler = Breaking()
+    restore = break_sampling(engine, 31337)
     try:
         with httpx.Client(base_url=base, timeout=30) as http:
             full = http.post("/v1/chat/completions", json=body)
@@ -160,7 +149,7 @@ def test_a_request_failing_in_the_engine_is_a_500_or_an_in_stream_error(served) 
                 events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             fine = http.post("/v1/chat/completions", json={**body, "seed": 1})
     finally:
-        llm.sampler = real
+        restore()
     assert full.status_code == 500
     assert full.json()["error"]["message"] == "engine error: sampling failed (RuntimeError)"
     assert events[-1] == "[DONE]"

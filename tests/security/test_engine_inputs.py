@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from engine_backend import EngineRequestError, LocalEngine
 from engine_backend.demo import RandomModelSpec, write_random_model
+from tests.engine_front.faults import break_sampling
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
 
 TINY = RandomModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -148,27 +149,9 @@ def test_poison_values_are_400s_that_never_reach_the_engine(gateway) -> None:
     assert text == victim.alone()
 
 
-def inject_sampling_failure(engine: LocalEngine) -> None:
-    """Make the engine's sampler fail on any batch holding the marked request, as a value no
-    check foresaw would. The engine must find that row and fail only its request."""
-    llm = engine.engine
-    real = llm.sampler
-
-    class Breaking:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def sample(self, logits, params, generators):
-            if any(p.seed == MARK for p in params):
-                raise RuntimeError("injected sampling failure")
-            return real.sample(logits, params, generators)
-
-    llm.sampler = Breaking()
-
-
 def test_a_request_failing_in_the_engine_fails_alone_and_is_not_retried(gateway) -> None:
     engine = local_engine(gateway)
-    inject_sampling_failure(engine)
+    break_sampling(engine, MARK)  # the engine must find that row and fail only its request
     submitted = count_submissions(engine)
     victim = Victim(gateway)
     marked = greedy_chat(20, temperature=1.0, seed=MARK)
