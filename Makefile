@@ -1,12 +1,12 @@
-# The two commands of the README: `make run` and `make test`.
-# Each creates .venv on first use and installs what it needs.
+# The two commands of the README: `make run` and `make test`; `make lint` is the quality gate
+# that CI runs before the tests. Each creates .venv on first use and installs what it needs.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # A CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test venv clean
+.PHONY: run test lint format venv clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/activate:
 
 $(VENV)/.installed: pyproject.toml $(BIN)/activate
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[engine,test]"
+	$(BIN)/pip install -q -e ".[engine,test,lint]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -24,6 +24,17 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest $(ARGS)
+
+# Zero findings is the bar; every ignore carries a comment that says why.
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# Rewrites files: what `ruff format --check` and the fixable part of `ruff check` want.
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) .pytest_cache

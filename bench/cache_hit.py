@@ -34,8 +34,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import DEFAULT_POLICIES, PolicyContext, build_chain  # noqa: E402
-from policies.provider_limits import (  # noqa: E402
+from policies import DEFAULT_POLICIES, PolicyContext, build_chain
+from policies.provider_limits import (
     ANTHROPIC_LOOKBACK_BLOCKS,
     OPENAI_CACHE_STEP_TOKENS,
     anthropic_min_tokens,
@@ -48,12 +48,21 @@ OPENAI_MACHINES, ROUTING_PREFIX_TOKENS = 8, 256
 # List prices in USD per million input tokens (check the providers' pages; they change).
 PRICES = {
     "openai": {"model": "gpt-4.1", "input": 2.00, "cached": 0.50},
-    "anthropic": {"model": "claude-sonnet-4", "input": 3.00, "read": 0.30, "write_5m": 3.75, "write_1h": 6.00},
+    "anthropic": {
+        "model": "claude-sonnet-4",
+        "input": 3.00,
+        "read": 0.30,
+        "write_5m": 3.75,
+        "write_1h": 6.00,
+    },
 }
 OPT_INS = {
-    "SLIM_MINIFY_JSON": "true", "SLIM_DEDUPE_PASSAGES": "true",
-    "CANONICALIZE_SORT_TOOLS": "true", "CANONICALIZE_SORT_SCHEMA_KEYS": "true",
-    "CANONICALIZE_VOLATILE": "true", "CANONICALIZE_SORT_PASSAGES": "true",
+    "SLIM_MINIFY_JSON": "true",
+    "SLIM_DEDUPE_PASSAGES": "true",
+    "CANONICALIZE_SORT_TOOLS": "true",
+    "CANONICALIZE_SORT_SCHEMA_KEYS": "true",
+    "CANONICALIZE_VOLATILE": "true",
+    "CANONICALIZE_SORT_PASSAGES": "true",
 }
 TARGET_SHARE_OF_IDEAL = 0.90
 TIME_LIMIT_S = 150.0
@@ -89,9 +98,18 @@ def tool_schema(rng: random.Random, name: str) -> dict:
             "type": rng.choice(["string", "integer", "boolean"]),
             "description": sentence(rng, rng.randint(6, 14)),
         }
-    return {"type": "function", "function": {
-        "name": name, "description": paragraph(rng, 40),
-        "parameters": {"type": "object", "properties": properties, "required": list(properties)[:2]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": paragraph(rng, 40),
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties)[:2],
+            },
+        },
+    }
 
 
 def shuffle_keys(value, rng: random.Random):
@@ -106,29 +124,55 @@ def shuffle_keys(value, rng: random.Random):
 
 
 def tool_result(rng: random.Random, tokens: int) -> str:
-    rows = [{"id": str(uuid.UUID(int=rng.getrandbits(128))), "status": rng.choice(WORDS),
-             "note": sentence(rng, 10), "score": round(rng.random(), 3)} for _ in range(max(tokens // 45, 1))]
+    rows = [
+        {
+            "id": str(uuid.UUID(int=rng.getrandbits(128))),
+            "status": rng.choice(WORDS),
+            "note": sentence(rng, 10),
+            "score": round(rng.random(), 3),
+        }
+        for _ in range(max(tokens // 45, 1))
+    ]
     return json.dumps({"results": rows, "total": len(rows)}, indent=2)
 
 
 def conversation(rng: random.Random, target_tokens: int, tools: int = 12) -> dict:
     """A chat request of roughly ``target_tokens`` tokens: system, tools and agent turns."""
     names = [f"{rng.choice(WORDS)}_{index}" for index in range(tools)]
-    messages = [{"role": "system", "content": paragraph(rng, 1500) + "  \n\n\n\n\nFollow the rules."}]
+    messages = [
+        {"role": "system", "content": paragraph(rng, 1500) + "  \n\n\n\n\nFollow the rules."}
+    ]
     approx = 1500 + tools * 150
     turn = 0
     while approx < target_tokens:
         messages.append({"role": "user", "content": paragraph(rng, 120) + "   "})
         call_id = f"call_{turn}"
-        messages.append({"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": rng.choice(names), "arguments": json.dumps({"query": sentence(rng, 6)})}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": rng.choice(names),
+                            "arguments": json.dumps({"query": sentence(rng, 6)}),
+                        },
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_result(rng, 400)})
         messages.append({"role": "assistant", "content": paragraph(rng, 200)})
         approx += 1050
         turn += 1
-    return {"model": "gpt-4.1", "messages": messages, "tools": [tool_schema(rng, n) for n in names],
-            "stream": True}
+    return {
+        "model": "gpt-4.1",
+        "messages": messages,
+        "tools": [tool_schema(rng, n) for n in names],
+        "stream": True,
+    }
 
 
 @dataclass
@@ -150,7 +194,10 @@ def build_sessions(seed: int) -> list[Session]:
         tools = [tool_schema(tenant_rng, f"{tenant_rng.choice(WORDS)}_{i}") for i in range(TOOLS)]
         for _ in range(SESSIONS):
             session_rng = random.Random(rng.getrandbits(32))
-            memories = [f'<passage id="m{i}">{paragraph(session_rng, 80)}</passage>' for i in range(MEMORIES)]
+            memories = [
+                f'<passage id="m{i}">{paragraph(session_rng, 80)}</passage>'
+                for i in range(MEMORIES)
+            ]
             sessions.append(Session(f"tenant-{tenant_index}", system, tools, memories, session_rng))
     return sessions
 
@@ -183,10 +230,25 @@ def advance(session: Session, turn: int, step: int) -> None:
     else:
         call_id = f"call_{turn}"
         name = session.tools[rng.randrange(TOOLS)]["function"]["name"]
-        session.history.append({"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps({"query": sentence(rng, 5)})}}]})
-        session.history.append({"role": "tool", "tool_call_id": call_id, "content": tool_result(rng, 350)})
+        session.history.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": name,
+                            "arguments": json.dumps({"query": sentence(rng, 5)}),
+                        },
+                    }
+                ],
+            }
+        )
+        session.history.append(
+            {"role": "tool", "tool_call_id": call_id, "content": tool_result(rng, 350)}
+        )
 
 
 # ---------------------------------------------------------------- provider simulators
@@ -209,8 +271,10 @@ def without_marker(obj: dict) -> dict:
 
 def render_blocks(body: dict) -> list[tuple[tuple[int, ...], dict | None]]:
     """The request as provider cache blocks in hash order: (tokens, cache_control or None)."""
-    blocks = [(tokens_of(orjson.dumps(without_marker(t)).decode()), t.get("cache_control"))
-              for t in body.get("tools") or ()]
+    blocks = [
+        (tokens_of(orjson.dumps(without_marker(t)).decode()), t.get("cache_control"))
+        for t in body.get("tools") or ()
+    ]
     for message in body["messages"]:
         role = message["role"]
         content = message.get("content")
@@ -235,12 +299,14 @@ class OpenAICache:
 
     def request(self, body: dict) -> dict:
         tokens = [token for block, _ in render_blocks(body) for token in block]
-        route = hashlib.blake2b(orjson.dumps([body.get("prompt_cache_key") or "", tokens[:ROUTING_PREFIX_TOKENS]]))
+        route = hashlib.blake2b(
+            orjson.dumps([body.get("prompt_cache_key") or "", tokens[:ROUTING_PREFIX_TOKENS]])
+        )
         machine = self.machines[int.from_bytes(route.digest()[:4], "big") % OPENAI_MACHINES]
         step = OPENAI_CACHE_STEP_TOKENS
         chain, matched, still_matching = b"", 0, True
         for end in range(step, len(tokens) + 1, step):
-            chain = chained(chain, tuple(tokens[end - step:end]))
+            chain = chained(chain, tuple(tokens[end - step : end]))
             if still_matching and chain in machine:
                 matched = end
             else:
@@ -265,7 +331,9 @@ class AnthropicCache:
             total += len(tokens)
             hashes.append(chain)
             prefix_tokens.append(total)
-        breakpoints = [i for i, (_, marker) in enumerate(blocks) if marker and prefix_tokens[i] >= self.minimum]
+        breakpoints = [
+            i for i, (_, marker) in enumerate(blocks) if marker and prefix_tokens[i] >= self.minimum
+        ]
         read = 0
         for index in breakpoints:
             for back in range(index, max(index - ANTHROPIC_LOOKBACK_BLOCKS, -1), -1):
@@ -289,7 +357,9 @@ class AnthropicCache:
 
 
 # ---------------------------------------------------------------- replay
-def replay(provider: str, chain_names: tuple[str, ...], options: dict, breaker: bool, deadline: float) -> dict:
+def replay(
+    provider: str, chain_names: tuple[str, ...], options: dict, breaker: bool, deadline: float
+) -> dict:
     chain = build_chain(chain_names, options)
     sessions = build_sessions(seed=1)
     rng = random.Random(2)
@@ -317,46 +387,85 @@ def replay(provider: str, chain_names: tuple[str, ...], options: dict, breaker: 
 
 def main() -> int:
     deadline = time.perf_counter() + TIME_LIMIT_S
-    scenarios = [("none", (), {}, True), ("safe", DEFAULT_POLICIES, {}, True),
-                 ("opt-ins", DEFAULT_POLICIES, OPT_INS, True), ("ideal", DEFAULT_POLICIES, {}, False)]
+    scenarios = [
+        ("none", (), {}, True),
+        ("safe", DEFAULT_POLICIES, {}, True),
+        ("opt-ins", DEFAULT_POLICIES, OPT_INS, True),
+        ("ideal", DEFAULT_POLICIES, {}, False),
+    ]
     rows = []
     for provider in ("openai", "anthropic"):
-        results = {name: replay(provider, names, options, breaker, deadline)
-                   for name, names, options, breaker in scenarios}
+        results = {
+            name: replay(provider, names, options, breaker, deadline)
+            for name, names, options, breaker in scenarios
+        }
         ideal = results["ideal"]["cached_share"]
         for name, totals in results.items():
-            rows.append({"provider": provider, "scenario": name, **totals,
-                         "share_of_ideal": totals["cached_share"] / ideal if ideal else 0.0})
-    header = (f"{'provider':<10} {'scenario':<8} {'reqs':>5} {'prompt tok':>11} {'cached tok':>11} "
-              f"{'written':>9} {'cached %':>9} {'cost $':>8} {'of ideal':>9}")
-    print(f"workload: {TENANTS} tenants x {SESSIONS} sessions x {USER_TURNS} turns x 2 requests, {TOOLS} tools")
+            rows.append(
+                {
+                    "provider": provider,
+                    "scenario": name,
+                    **totals,
+                    "share_of_ideal": totals["cached_share"] / ideal if ideal else 0.0,
+                }
+            )
+    header = (
+        f"{'provider':<10} {'scenario':<8} {'reqs':>5} {'prompt tok':>11} {'cached tok':>11} "
+        f"{'written':>9} {'cached %':>9} {'cost $':>8} {'of ideal':>9}"
+    )
+    print(
+        f"workload: {TENANTS} tenants x {SESSIONS} sessions x {USER_TURNS} turns x 2 requests, {TOOLS} tools"
+    )
     print(header)
     for row in rows:
-        print(f"{row['provider']:<10} {row['scenario']:<8} {row['requests']:>5} {row['prompt']:>11} "
-              f"{row['cached']:>11} {row['written']:>9} {100 * row['cached_share']:>8.1f}% "
-              f"{row['cost']:>8.3f} {100 * row['share_of_ideal']:>8.1f}%")
+        print(
+            f"{row['provider']:<10} {row['scenario']:<8} {row['requests']:>5} {row['prompt']:>11} "
+            f"{row['cached']:>11} {row['written']:>9} {100 * row['cached_share']:>8.1f}% "
+            f"{row['cost']:>8.3f} {100 * row['share_of_ideal']:>8.1f}%"
+        )
     checks, warnings = [], []
     for provider in ("openai", "anthropic"):
         by = {row["scenario"]: row for row in rows if row["provider"] == provider}
-        checks.append((f"{provider}: opt-ins reach >= {TARGET_SHARE_OF_IDEAL:.0%} of ideal cached share "
-                       f"({by['opt-ins']['share_of_ideal']:.1%})",
-                       by["opt-ins"]["share_of_ideal"] >= TARGET_SHARE_OF_IDEAL))
-        checks.append((f"{provider}: safe set loses nothing against no policies (cached tokens "
-                       f"{by['safe']['cached']} >= {by['none']['cached']}, sent {by['safe']['prompt']} <= "
-                       f"{by['none']['prompt']})",
-                       by["safe"]["cached"] >= by["none"]["cached"] and by["safe"]["prompt"] <= by["none"]["prompt"]))
+        checks.append(
+            (
+                f"{provider}: opt-ins reach >= {TARGET_SHARE_OF_IDEAL:.0%} of ideal cached share "
+                f"({by['opt-ins']['share_of_ideal']:.1%})",
+                by["opt-ins"]["share_of_ideal"] >= TARGET_SHARE_OF_IDEAL,
+            )
+        )
+        checks.append(
+            (
+                f"{provider}: safe set loses nothing against no policies (cached tokens "
+                f"{by['safe']['cached']} >= {by['none']['cached']}, sent {by['safe']['prompt']} <= "
+                f"{by['none']['prompt']})",
+                by["safe"]["cached"] >= by["none"]["cached"]
+                and by["safe"]["prompt"] <= by["none"]["prompt"],
+            )
+        )
         # Reported, not a target: Anthropic cache writes cost 1.25x, so breakpoints on a prefix
         # the client breaks anyway (shuffled tools) can cost more than sending no breakpoints.
-        warnings.append(f"{provider}: estimated cost safe {by['safe']['cost']:.3f} vs none {by['none']['cost']:.3f}"
-                        f" ({'higher' if by['safe']['cost'] > by['none']['cost'] else 'not higher'})")
+        warnings.append(
+            f"{provider}: estimated cost safe {by['safe']['cost']:.3f} vs none {by['none']['cost']:.3f}"
+            f" ({'higher' if by['safe']['cost'] > by['none']['cost'] else 'not higher'})"
+        )
     for text, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
     for text in warnings:
         print(f"INFO: {text}")
     passed = all(ok for _, ok in checks)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "checks": [{"check": t, "pass": ok} for t, ok in checks],
-                                   "info": warnings, "pass": passed, "prices_usd_per_mtok": PRICES}, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "checks": [{"check": t, "pass": ok} for t, ok in checks],
+                "info": warnings,
+                "pass": passed,
+                "prices_usd_per_mtok": PRICES,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
     return 0 if passed else 1
 

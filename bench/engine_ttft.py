@@ -31,21 +31,43 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine_backend.config import EngineConfig  # noqa: E402
-from engine_backend.demo import RandomModelSpec, build_demo_model  # noqa: E402
-from engine_backend.llm_engine import LLMEngine  # noqa: E402
-from engine_backend.sampling import SamplingParams  # noqa: E402
+from engine_backend.config import EngineConfig
+from engine_backend.demo import RandomModelSpec, build_demo_model
+from engine_backend.llm_engine import LLMEngine
+from engine_backend.sampling import SamplingParams
 
 SPECS = {
-    "cpu": RandomModelSpec(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                           num_key_value_heads=4, intermediate_size=1408, vocab_size=32000,
-                           max_position_embeddings=8192, seed=1),
-    "cuda": RandomModelSpec(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
-                            num_key_value_heads=8, intermediate_size=5632, vocab_size=32000,
-                            max_position_embeddings=8192, dtype="bfloat16", seed=1),
-    "quick": RandomModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
-                             max_position_embeddings=2048, seed=1),
+    "cpu": RandomModelSpec(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1408,
+        vocab_size=32000,
+        max_position_embeddings=8192,
+        seed=1,
+    ),
+    "cuda": RandomModelSpec(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=5632,
+        vocab_size=32000,
+        max_position_embeddings=8192,
+        dtype="bfloat16",
+        seed=1,
+    ),
+    "quick": RandomModelSpec(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=1000,
+        max_position_embeddings=2048,
+        seed=1,
+    ),
 }
 SHARES = (0.5, 0.94)
 NUM_DECODERS = 8
@@ -62,12 +84,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budgets", type=int, nargs="+", default=None, help="chunk budgets of part 3")
     p.add_argument("--decode-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's); 1 is steadier on a busy machine")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="device bf16 dense peak for the prefill share (default: H100/H200 989)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "results", "engine_ttft.json"))
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's); 1 is steadier on a busy machine",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device bf16 dense peak for the prefill share (default: H100/H200 989)",
+    )
+    p.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "engine_ttft.json"
+        ),
+    )
     p.add_argument("--cache-dir", default=None, help="where the random checkpoint is written")
     args = p.parse_args(argv)
     quick = args.quick
@@ -90,17 +124,28 @@ class Bench:
         self.rng = random.Random(0)
         self.vocab = self.spec.vocab_size or 512
         self.deadline = time.monotonic() + TIME_LIMIT_S * (4 if not args.quick else 1)
-        block_bytes_per_token = (2 * self.spec.num_hidden_layers * self.spec.num_key_value_heads
-                                 * (self.spec.hidden_size // self.spec.num_attention_heads) * 4)
+        block_bytes_per_token = (
+            2
+            * self.spec.num_hidden_layers
+            * self.spec.num_key_value_heads
+            * (self.spec.hidden_size // self.spec.num_attention_heads)
+            * 4
+        )
         # Room for a few long prompts and the decoders, not the default 1 GiB on CPU.
-        self.num_blocks = max(64, (4 * max(args.lengths + [args.long]) + 64 * 64) // 16)
+        self.num_blocks = max(64, (4 * max([*args.lengths, args.long]) + 64 * 64) // 16)
         self.kv_mib = self.num_blocks * 16 * block_bytes_per_token / 2**20
 
     def engine(self, budget: int) -> LLMEngine:
         gc.collect()
-        return LLMEngine(EngineConfig(model=self.model_dir, device=self.args.device,
-                                      num_blocks=self.num_blocks, max_num_batched_tokens=budget,
-                                      max_num_seqs=64))
+        return LLMEngine(
+            EngineConfig(
+                model=self.model_dir,
+                device=self.args.device,
+                num_blocks=self.num_blocks,
+                max_num_batched_tokens=budget,
+                max_num_seqs=64,
+            )
+        )
 
     def ids(self, n: int) -> list[int]:
         return [self.rng.randrange(self.vocab) for _ in range(n)]
@@ -133,8 +178,9 @@ def transformers_ttft(model: Any, ids: list[int], device: torch.device) -> float
     x = torch.tensor([ids], device=device)
     with torch.inference_mode():
         started = time.perf_counter()
-        model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False,
-                       pad_token_id=0)
+        model.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False, pad_token_id=0
+        )
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - started
@@ -155,8 +201,9 @@ def part_ttft(bench: Bench, engine: LLMEngine, hf_model: Any) -> list[dict]:
             cold.append(run_until_first_token(bench, engine, base)[0])
             for share in SHARES:
                 shared = int(length * share)
-                warm[share].append(run_until_first_token(
-                    bench, engine, base[:shared] + bench.ids(length - shared)))
+                warm[share].append(
+                    run_until_first_token(bench, engine, base[:shared] + bench.ids(length - shared))
+                )
             hf.append(transformers_ttft(hf_model, bench.ids(length), bench.device))
         row = {"prompt_tokens": length, "cold_s": min(cold), "transformers_s": min(hf)}
         for share in SHARES:
@@ -166,14 +213,17 @@ def part_ttft(bench: Bench, engine: LLMEngine, hf_model: Any) -> list[dict]:
             # also counts the new tokens' attention over the cached prefix, which a cache hit
             # cannot remove.
             flop_share = prefill_flops(bench.spec, cached, length) / prefill_flops(
-                bench.spec, 0, length)
+                bench.spec, 0, length
+            )
             row[f"warm{int(share * 100)}"] = {
-                "warm_s": seconds, "cached_tokens": cached,
+                "warm_s": seconds,
+                "cached_tokens": cached,
                 "ideal_s": row["cold_s"] * uncached,
                 "vs_ideal": seconds / (row["cold_s"] * uncached),
                 "flop_ideal_s": row["cold_s"] * flop_share,
                 "vs_flop_ideal": seconds / (row["cold_s"] * flop_share),
-                "vs_cold": seconds / row["cold_s"]}
+                "vs_cold": seconds / row["cold_s"],
+            }
         rows.append(row)
     return rows
 
@@ -181,8 +231,9 @@ def part_ttft(bench: Bench, engine: LLMEngine, hf_model: Any) -> list[dict]:
 def decode_window(bench: Bench, budget: int, long_ids: list[int] | None) -> dict:
     """Part 3, one case: gaps of NUM_DECODERS streams while `long_ids` (if any) prefills."""
     engine = bench.engine(budget)
-    params = SamplingParams(max_tokens=engine.max_model_len - 64 - 1, temperature=0.0,
-                            ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=engine.max_model_len - 64 - 1, temperature=0.0, ignore_eos=True
+    )
     decoders = [f"dec-{i}" for i in range(NUM_DECODERS)]
     for request_id in decoders:
         engine.add_request(request_id, bench.ids(32), params)
@@ -195,8 +246,7 @@ def decode_window(bench: Bench, budget: int, long_ids: list[int] | None) -> dict
     started = 0.0
     for step in range(STEP_LIMIT):
         bench.check_time()
-        if long_ids is not None and not window_open and len(last_seen) == NUM_DECODERS \
-                and step > 5:
+        if long_ids is not None and not window_open and len(last_seen) == NUM_DECODERS and step > 5:
             engine.add_request("long", long_ids, SamplingParams(max_tokens=1, temperature=0.0))
             started, window_open = time.perf_counter(), True
         elif long_ids is None and not window_open and len(last_seen) == NUM_DECODERS:
@@ -223,9 +273,13 @@ def decode_window(bench: Bench, budget: int, long_ids: list[int] | None) -> dict
     def pct(q: float) -> float:
         return gaps[min(len(gaps) - 1, int(q * len(gaps)))]
 
-    return {"budget": budget, "num_gaps": len(gaps), "gap_p50_ms": pct(0.5) * 1e3,
-            "gap_p99_ms": pct(0.99) * 1e3,
-            "long_ttft_s": long_ttft}
+    return {
+        "budget": budget,
+        "num_gaps": len(gaps),
+        "gap_p50_ms": pct(0.5) * 1e3,
+        "gap_p99_ms": pct(0.99) * 1e3,
+        "long_ttft_s": long_ttft,
+    }
 
 
 def part_gaps(bench: Bench) -> list[dict]:
@@ -263,8 +317,14 @@ def part_throughput(bench: Bench, engine: LLMEngine) -> list[dict]:
             if started is None and len(first_done) == streams:
                 started = time.perf_counter()
         elapsed = time.perf_counter() - started
-        rows.append({"streams": streams, "tokens": decoded, "seconds": elapsed,
-                     "tokens_per_s": decoded / elapsed})
+        rows.append(
+            {
+                "streams": streams,
+                "tokens": decoded,
+                "seconds": elapsed,
+                "tokens_per_s": decoded / elapsed,
+            }
+        )
     return rows
 
 
@@ -285,18 +345,31 @@ def judge(results: dict) -> list[dict]:
                 check(f"{n} tok, {key}: warm / ideal", row[key]["vs_ideal"], 1.5)
                 # The shared TTFT notes define the ideal as cold x uncached share "plus a fixed
                 # per-step cost"; reported beside the strict form, not instead of it.
-                check(f"{n} tok, {key}: warm / (ideal + one decode step) [info]",
-                      row[key]["warm_s"] / (row[key]["ideal_s"] + step_s), 1.5)
+                check(
+                    f"{n} tok, {key}: warm / (ideal + one decode step) [info]",
+                    row[key]["warm_s"] / (row[key]["ideal_s"] + step_s),
+                    1.5,
+                )
             check(f"{n} tok, warm94: warm / cold", row["warm94"]["vs_cold"], 0.15)
         check(f"{n} tok: cold / transformers", row["cold_s"] / row["transformers_s"], 1.25)
-        check(f"{n} tok: transformers / warm94 speed-up",
-              row["transformers_s"] / row["warm94"]["warm_s"], 5.0, at_most=False)
+        check(
+            f"{n} tok: transformers / warm94 speed-up",
+            row["transformers_s"] / row["warm94"]["warm_s"],
+            5.0,
+            at_most=False,
+        )
     gaps = {r["case"]: r for r in results["gaps"]}
     smallest = gaps[f"budget {min(results['budgets'])}"]
-    check("p99 gap, smallest budget / unchunked",
-          smallest["gap_p99_ms"] / gaps["unchunked"]["gap_p99_ms"], 0.1)
-    check("long TTFT, smallest budget / unchunked",
-          smallest["long_ttft_s"] / gaps["unchunked"]["long_ttft_s"], 1.3)
+    check(
+        "p99 gap, smallest budget / unchunked",
+        smallest["gap_p99_ms"] / gaps["unchunked"]["gap_p99_ms"],
+        0.1,
+    )
+    check(
+        "long TTFT, smallest budget / unchunked",
+        smallest["long_ttft_s"] / gaps["unchunked"]["long_ttft_s"],
+        1.3,
+    )
     tps = {r["streams"]: r["tokens_per_s"] for r in results["throughput"]}
     check("decode tokens/s, 16 streams / 1", tps[16] / tps[1], 3.0, at_most=False)
     return checks
@@ -313,12 +386,15 @@ def prefill_flops(s: Any, cached: int, total: int) -> float:
     """FLOPs to prefill tokens [cached, total) of a prompt: projections and MLP per new token,
     plus each new token's attention (QK and AV) over every earlier position."""
     head_dim = s.hidden_size // s.num_attention_heads
-    per_layer = (s.hidden_size * head_dim * (2 * s.num_attention_heads + 2 * s.num_key_value_heads)
-                 + 3 * s.hidden_size * s.intermediate_size)
+    per_layer = (
+        s.hidden_size * head_dim * (2 * s.num_attention_heads + 2 * s.num_key_value_heads)
+        + 3 * s.hidden_size * s.intermediate_size
+    )
     new = total - cached
     keys_attended = new * cached + new * (new + 1) / 2
-    return s.num_hidden_layers * (2 * per_layer * new
-                                  + 4 * keys_attended * s.num_attention_heads * head_dim)
+    return s.num_hidden_layers * (
+        2 * per_layer * new + 4 * keys_attended * s.num_attention_heads * head_dim
+    )
 
 
 def prefill_share_of_peak(bench: Bench, rows: list[dict], peak_tflops: float | None) -> list[dict]:
@@ -327,33 +403,49 @@ def prefill_share_of_peak(bench: Bench, rows: list[dict], peak_tflops: float | N
     for row in rows:
         n = row["prompt_tokens"]
         tflops = prefill_flops(bench.spec, 0, n) / row["cold_s"] / 1e12
-        out.append({"prompt_tokens": n, "tflops": tflops,
-                    "share_of_peak": tflops / peak_tflops if peak_tflops else None})
+        out.append(
+            {
+                "prompt_tokens": n,
+                "tflops": tflops,
+                "share_of_peak": tflops / peak_tflops if peak_tflops else None,
+            }
+        )
     return out
 
 
 def print_tables(results: dict) -> None:
-    print(f"\nmodel: {results['params_m']:.1f}M params, device {results['device']}, "
-          f"dtype {results['dtype']}, torch threads {results['torch_threads']}")
-    print("\n[1+2] TTFT (s): cold, warm at 50% / 94% shared prefix (ideal = cold x uncached "
-          "share), transformers generate")
-    print(f"{'tokens':>7} {'cold':>8} {'warm50':>8} {'ideal50':>8} {'warm94':>8} {'ideal94':>8} "
-          f"{'flopid94':>8} {'94/cold':>8} {'hf':>8} {'cold/hf':>8} {'hf/w94':>8}")
+    print(
+        f"\nmodel: {results['params_m']:.1f}M params, device {results['device']}, "
+        f"dtype {results['dtype']}, torch threads {results['torch_threads']}"
+    )
+    print(
+        "\n[1+2] TTFT (s): cold, warm at 50% / 94% shared prefix (ideal = cold x uncached "
+        "share), transformers generate"
+    )
+    print(
+        f"{'tokens':>7} {'cold':>8} {'warm50':>8} {'ideal50':>8} {'warm94':>8} {'ideal94':>8} "
+        f"{'flopid94':>8} {'94/cold':>8} {'hf':>8} {'cold/hf':>8} {'hf/w94':>8}"
+    )
     for r in results["ttft"]:
         w50, w94 = r["warm50"], r["warm94"]
-        print(f"{r['prompt_tokens']:>7} {r['cold_s']:>8.3f} {w50['warm_s']:>8.3f} "
-              f"{w50['ideal_s']:>8.3f} {w94['warm_s']:>8.3f} {w94['ideal_s']:>8.3f} "
-              f"{w94['flop_ideal_s']:>8.3f} {w94['vs_cold']:>8.3f} {r['transformers_s']:>8.3f} "
-              f"{r['cold_s'] / r['transformers_s']:>8.2f} "
-              f"{r['transformers_s'] / w94['warm_s']:>8.1f}")
+        print(
+            f"{r['prompt_tokens']:>7} {r['cold_s']:>8.3f} {w50['warm_s']:>8.3f} "
+            f"{w50['ideal_s']:>8.3f} {w94['warm_s']:>8.3f} {w94['ideal_s']:>8.3f} "
+            f"{w94['flop_ideal_s']:>8.3f} {w94['vs_cold']:>8.3f} {r['transformers_s']:>8.3f} "
+            f"{r['cold_s'] / r['transformers_s']:>8.2f} "
+            f"{r['transformers_s'] / w94['warm_s']:>8.1f}"
+        )
     print(f"one decode step (1 stream): {one_step_seconds(results) * 1000:.1f} ms")
-    print(f"\n[3] {NUM_DECODERS} decoding streams, a {results['long_tokens']}-token prompt "
-          "arriving")
+    print(
+        f"\n[3] {NUM_DECODERS} decoding streams, a {results['long_tokens']}-token prompt arriving"
+    )
     print(f"{'case':>16} {'gaps':>6} {'p50 ms':>9} {'p99 ms':>9} {'long TTFT s':>12}")
     for r in results["gaps"]:
         long = f"{r['long_ttft_s']:.3f}" if r["long_ttft_s"] is not None else "-"
-        print(f"{r['case']:>16} {r['num_gaps']:>6} {r['gap_p50_ms']:>9.1f} "
-              f"{r['gap_p99_ms']:>9.1f} {long:>12}")
+        print(
+            f"{r['case']:>16} {r['num_gaps']:>6} {r['gap_p50_ms']:>9.1f} "
+            f"{r['gap_p99_ms']:>9.1f} {long:>12}"
+        )
     print("\n[4] decode throughput")
     print(f"{'streams':>8} {'tokens':>7} {'tokens/s':>10}")
     for r in results["throughput"]:
@@ -365,9 +457,11 @@ def print_tables(results: dict) -> None:
             print(f"{r['prompt_tokens']:>7} tokens: {r['tflops']:.1f} TFLOP/s ({share})")
     print("\ntargets")
     for c in results["targets"]:
-        print(f"  {'PASS' if c['pass'] else 'FAIL'}  {c['target']}: {c['value']} "
-              f"({'>=' if 'speed-up' in c['target'] or 'streams' in c['target'] else '<='} "
-              f"{c['limit']})")
+        print(
+            f"  {'PASS' if c['pass'] else 'FAIL'}  {c['target']}: {c['value']} "
+            f"({'>=' if 'speed-up' in c['target'] or 'streams' in c['target'] else '<='} "
+            f"{c['limit']})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,18 +476,27 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
     engine = bench.engine(max(8192, max(args.lengths) + 64))
     dtype = getattr(torch, engine.config.dtype)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        bench.model_dir, dtype=dtype).to(bench.device).eval()
+    hf_model = (
+        transformers.AutoModelForCausalLM.from_pretrained(bench.model_dir, dtype=dtype)
+        .to(bench.device)
+        .eval()
+    )
     params_m = sum(p.numel() for p in hf_model.parameters()) / 1e6
     # Warm both up: first calls pay for allocator growth and kernel selection.
     run_until_first_token(bench, engine, bench.ids(64))
     transformers_ttft(hf_model, bench.ids(64), bench.device)
 
     results: dict[str, Any] = {
-        "device": str(bench.device), "dtype": engine.config.dtype, "quick": args.quick,
-        "torch_threads": torch.get_num_threads(), "params_m": params_m,
-        "spec": asdict(bench.spec), "repeats": args.repeats, "budgets": args.budgets,
-        "long_tokens": args.long, "kv_cache_mib": bench.kv_mib,
+        "device": str(bench.device),
+        "dtype": engine.config.dtype,
+        "quick": args.quick,
+        "torch_threads": torch.get_num_threads(),
+        "params_m": params_m,
+        "spec": asdict(bench.spec),
+        "repeats": args.repeats,
+        "budgets": args.budgets,
+        "long_tokens": args.long,
+        "kv_cache_mib": bench.kv_mib,
     }
     results["ttft"] = part_ttft(bench, engine, hf_model)
     del hf_model

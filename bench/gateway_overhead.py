@@ -20,18 +20,34 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import (ROOT, interleaved, peak_rss_mb, pin_self, start_gateway,  # noqa: E402
-                           start_minimal_passthrough, start_mock, stop)
+from bench.harness import (
+    ROOT,
+    interleaved,
+    peak_rss_mb,
+    pin_self,
+    start_gateway,
+    start_minimal_passthrough,
+    start_mock,
+    stop,
+)
 
-TARGETS = {"added_p50_ms": {1: 1.0, 16: 3.0}, "throughput_ratio": {16: 0.95, 64: 0.90},
-           "rss_mb": 100.0, "ready_s": 1.5}
+TARGETS = {
+    "added_p50_ms": {1: 1.0, 16: 3.0},
+    "throughput_ratio": {16: 0.95, 64: 0.90},
+    "rss_mb": 100.0,
+    "ready_s": 1.5,
+}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=6.0, help="load time per target and level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gateway_overhead.json"))
+    parser.add_argument(
+        "--out", default=os.path.join(ROOT, "bench", "results", "gateway_overhead.json")
+    )
     parser.add_argument("--baseline", help="a checkout whose gateway runs in the same rounds")
     args = parser.parse_args()
     pin_self()
@@ -47,20 +63,28 @@ def main() -> int:
         for c in args.concurrency:
             res = interleaved(targets, c, args.seconds)
             d, g, f = res["direct"], res["gateway"], res["floor"]
-            rows.append({
-                "concurrency": c,
-                "direct_ttft_p50_ms": d.pct(50), "direct_ttft_p99_ms": d.pct(99),
-                "gateway_ttft_p50_ms": g.pct(50), "gateway_ttft_p99_ms": g.pct(99),
-                "added_ttft_p50_ms": g.pct(50) - d.pct(50),
-                "floor_added_ttft_p50_ms": f.pct(50) - d.pct(50), "floor_rps": f.rps,
-                "direct_rps": d.rps, "gateway_rps": g.rps,
-                "throughput_ratio": g.rps / d.rps if d.rps else float("nan"),
-                "errors": d.errors + g.errors + f.errors,
-            })
+            rows.append(
+                {
+                    "concurrency": c,
+                    "direct_ttft_p50_ms": d.pct(50),
+                    "direct_ttft_p99_ms": d.pct(99),
+                    "gateway_ttft_p50_ms": g.pct(50),
+                    "gateway_ttft_p99_ms": g.pct(99),
+                    "added_ttft_p50_ms": g.pct(50) - d.pct(50),
+                    "floor_added_ttft_p50_ms": f.pct(50) - d.pct(50),
+                    "floor_rps": f.rps,
+                    "direct_rps": d.rps,
+                    "gateway_rps": g.rps,
+                    "throughput_ratio": g.rps / d.rps if d.rps else float("nan"),
+                    "errors": d.errors + g.errors + f.errors,
+                }
+            )
             if "baseline" in res:
                 b = res["baseline"]
-                rows[-1].update(baseline_added_ttft_p50_ms=b.pct(50) - d.pct(50),
-                                baseline_throughput_ratio=b.rps / d.rps if d.rps else float("nan"))
+                rows[-1].update(
+                    baseline_added_ttft_p50_ms=b.pct(50) - d.pct(50),
+                    baseline_throughput_ratio=b.rps / d.rps if d.rps else float("nan"),
+                )
         rss = peak_rss_mb(gateway.pid)
     finally:
         stop(gateway)
@@ -69,23 +93,31 @@ def main() -> int:
             stop(baseline_proc)
         stop(mock)
 
-    print(f"{'conc':>4} {'direct p50':>10} {'p99':>7} {'gw p50':>8} {'p99':>7} {'added p50':>9} "
-          f"{'floor added':>11} {'direct rps':>10} {'gw rps':>8} {'ratio':>6} {'err':>4}")
+    print(
+        f"{'conc':>4} {'direct p50':>10} {'p99':>7} {'gw p50':>8} {'p99':>7} {'added p50':>9} "
+        f"{'floor added':>11} {'direct rps':>10} {'gw rps':>8} {'ratio':>6} {'err':>4}"
+    )
     for r in rows:
-        print(f"{r['concurrency']:>4} {r['direct_ttft_p50_ms']:>10.2f} {r['direct_ttft_p99_ms']:>7.2f} "
-              f"{r['gateway_ttft_p50_ms']:>8.2f} {r['gateway_ttft_p99_ms']:>7.2f} "
-              f"{r['added_ttft_p50_ms']:>9.2f} {r['floor_added_ttft_p50_ms']:>11.2f} "
-              f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
-              f"{r['throughput_ratio']:>6.3f} {r['errors']:>4}")
+        print(
+            f"{r['concurrency']:>4} {r['direct_ttft_p50_ms']:>10.2f} {r['direct_ttft_p99_ms']:>7.2f} "
+            f"{r['gateway_ttft_p50_ms']:>8.2f} {r['gateway_ttft_p99_ms']:>7.2f} "
+            f"{r['added_ttft_p50_ms']:>9.2f} {r['floor_added_ttft_p50_ms']:>11.2f} "
+            f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
+            f"{r['throughput_ratio']:>6.3f} {r['errors']:>4}"
+        )
     print("floor added = TTFT added by a bare aiohttp relay (bench/minimal_passthrough.py)")
     if args.baseline:
-        print(f"{'conc':>4} {'added p50':>9} {'baseline':>8} {'change':>7} {'ratio':>6} "
-              f"{'baseline':>8}   (baseline: {args.baseline})")
+        print(
+            f"{'conc':>4} {'added p50':>9} {'baseline':>8} {'change':>7} {'ratio':>6} "
+            f"{'baseline':>8}   (baseline: {args.baseline})"
+        )
         for r in rows:
-            print(f"{r['concurrency']:>4} {r['added_ttft_p50_ms']:>9.2f} "
-                  f"{r['baseline_added_ttft_p50_ms']:>8.2f} "
-                  f"{r['added_ttft_p50_ms'] - r['baseline_added_ttft_p50_ms']:>+7.2f} "
-                  f"{r['throughput_ratio']:>6.3f} {r['baseline_throughput_ratio']:>8.3f}")
+            print(
+                f"{r['concurrency']:>4} {r['added_ttft_p50_ms']:>9.2f} "
+                f"{r['baseline_added_ttft_p50_ms']:>8.2f} "
+                f"{r['added_ttft_p50_ms'] - r['baseline_added_ttft_p50_ms']:>+7.2f} "
+                f"{r['throughput_ratio']:>6.3f} {r['baseline_throughput_ratio']:>8.3f}"
+            )
     print(f"gateway peak RSS {rss:.1f} MB, ready in {ready_s:.2f} s")
 
     verdicts = []
@@ -104,10 +136,18 @@ def main() -> int:
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "wb") as f:
-        f.write(orjson.dumps({"rows": rows, "peak_rss_mb": rss, "ready_s": ready_s,
-                              "seconds_per_level": args.seconds,
-                              "verdicts": {label: ok for label, ok in verdicts}},
-                             option=orjson.OPT_INDENT_2))
+        f.write(
+            orjson.dumps(
+                {
+                    "rows": rows,
+                    "peak_rss_mb": rss,
+                    "ready_s": ready_s,
+                    "seconds_per_level": args.seconds,
+                    "verdicts": {label: ok for label, ok in verdicts},
+                },
+                option=orjson.OPT_INDENT_2,
+            )
+        )
     return 0
 
 

@@ -52,11 +52,27 @@ def wait_http(url: str, timeout: float = 30.0) -> float:
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
-def start_mock(first_ms: float = 50, chunks: int = 20, gap_ms: float = 5) -> tuple[subprocess.Popen, str]:
+def start_mock(
+    first_ms: float = 50, chunks: int = 20, gap_ms: float = 5
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     return start_upstream(
-        [*_taskset(HARNESS_CORE), sys.executable, "-m", "bench.mock_openai", "--port", str(port),
-         "--first-ms", str(first_ms), "--chunks", str(chunks), "--gap-ms", str(gap_ms)], port)
+        [
+            *_taskset(HARNESS_CORE),
+            sys.executable,
+            "-m",
+            "bench.mock_openai",
+            "--port",
+            str(port),
+            "--first-ms",
+            str(first_ms),
+            "--chunks",
+            str(chunks),
+            "--gap-ms",
+            str(gap_ms),
+        ],
+        port,
+    )
 
 
 def start_upstream(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
@@ -71,20 +87,38 @@ def start_upstream(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
     return proc, base
 
 
-def start_gateway(upstream_base: str, extra_env: dict[str, str] | None = None,
-                  root: str | None = None) -> tuple[subprocess.Popen, str, float]:
+def start_gateway(
+    upstream_base: str, extra_env: dict[str, str] | None = None, root: str | None = None
+) -> tuple[subprocess.Popen, str, float]:
     """Start `firsttoken serve` on core 0; returns (process, base url, seconds to ready).
     `root`: another checkout to run the gateway from (a baseline), else this one."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTTOKEN_")}
-    env.update({"FIRSTTOKEN_ROUTES": orjson.dumps([{
-        "name": "mock", "models": ["*"], "kind": "openai", "base_url": upstream_base}]).decode(),
-        "FIRSTTOKEN_LOG_LEVEL": "warning"})
+    env.update(
+        {
+            "FIRSTTOKEN_ROUTES": orjson.dumps(
+                [{"name": "mock", "models": ["*"], "kind": "openai", "base_url": upstream_base}]
+            ).decode(),
+            "FIRSTTOKEN_LOG_LEVEL": "warning",
+        }
+    )
     env.update(extra_env or {})
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [*_taskset(GATEWAY_CORE), sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-        cwd=root or ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            *_taskset(GATEWAY_CORE),
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            str(port),
+        ],
+        cwd=root or ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/readyz")
@@ -98,8 +132,17 @@ def start_minimal_passthrough(upstream_base: str) -> tuple[subprocess.Popen, str
     """The bare aiohttp relay of `bench/minimal_passthrough.py`, on the gateway's core."""
     port = free_port()
     proc = subprocess.Popen(
-        [*_taskset(GATEWAY_CORE), sys.executable, os.path.join(ROOT, "bench", "minimal_passthrough.py"),
-         str(port), upstream_base], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            *_taskset(GATEWAY_CORE),
+            sys.executable,
+            os.path.join(ROOT, "bench", "minimal_passthrough.py"),
+            str(port),
+            upstream_base,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_http(f"http://127.0.0.1:{port}/readyz")
     return proc, f"http://127.0.0.1:{port}/v1"
 
@@ -121,8 +164,9 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-REQUEST = orjson.dumps({"model": "mock-model", "stream": True,
-                        "messages": [{"role": "user", "content": "Say hello."}]})
+REQUEST = orjson.dumps(
+    {"model": "mock-model", "stream": True, "messages": [{"role": "user", "content": "Say hello."}]}
+)
 
 
 @dataclass
@@ -143,8 +187,9 @@ class LoadResult:
         return data[min(len(data) - 1, int(q / 100 * len(data)))]
 
 
-async def load(base: str, concurrency: int, seconds: float, max_requests: int = 100_000,
-               body: bytes = REQUEST) -> LoadResult:
+async def load(
+    base: str, concurrency: int, seconds: float, max_requests: int = 100_000, body: bytes = REQUEST
+) -> LoadResult:
     """Closed-loop load: `concurrency` workers each send streaming requests back to back until
     `seconds` pass or `max_requests` were sent. TTFT is time to the first content byte."""
     ttfts: list[float] = []
@@ -152,15 +197,21 @@ async def load(base: str, concurrency: int, seconds: float, max_requests: int = 
     deadline = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=concurrency * 2)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def worker() -> None:
             while time.perf_counter() < deadline and counters["sent"] < max_requests:
                 counters["sent"] += 1
                 start = time.perf_counter()
                 first = None
                 try:
-                    async with session.post(base + "/chat/completions", data=body,
-                                            headers={"content-type": "application/json",
-                                                     "authorization": "Bearer bench"}) as resp:
+                    async with session.post(
+                        base + "/chat/completions",
+                        data=body,
+                        headers={
+                            "content-type": "application/json",
+                            "authorization": "Bearer bench",
+                        },
+                    ) as resp:
                         if resp.status != 200:
                             counters["errors"] += 1
                             await resp.read()
@@ -183,12 +234,17 @@ async def load(base: str, concurrency: int, seconds: float, max_requests: int = 
 
 
 def merge(results: list[LoadResult]) -> LoadResult:
-    return LoadResult([t for r in results for t in r.ttft_ms], sum(r.completed for r in results),
-                      sum(r.errors for r in results), sum(r.seconds for r in results))
+    return LoadResult(
+        [t for r in results for t in r.ttft_ms],
+        sum(r.completed for r in results),
+        sum(r.errors for r in results),
+        sum(r.seconds for r in results),
+    )
 
 
-def interleaved(targets: dict[str, str], concurrency: int, seconds: float, rounds: int = 3
-                ) -> dict[str, LoadResult]:
+def interleaved(
+    targets: dict[str, str], concurrency: int, seconds: float, rounds: int = 3
+) -> dict[str, LoadResult]:
     """Alternate the targets in short rounds so machine noise hits each the same way."""
     per_round = seconds / rounds
     for base in targets.values():  # warm connection pools and lazy state, unmeasured

@@ -44,25 +44,51 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import (HARNESS_CORE, ROOT, LoadResult, free_port, merge,  # noqa: E402
-                           pin_self, start_gateway, start_mock, start_upstream, stop)
-from bench.isolation_inputs import (ATTACKER_KEY, GRACE_S, PHASES,  # noqa: E402
-                                    REQUEST_TIMEOUT_S, Limits, attack, limit_env, probes_for)
+from bench.harness import (
+    HARNESS_CORE,
+    ROOT,
+    LoadResult,
+    free_port,
+    merge,
+    pin_self,
+    start_gateway,
+    start_mock,
+    start_upstream,
+    stop,
+)
+from bench.isolation_inputs import (
+    ATTACKER_KEY,
+    GRACE_S,
+    PHASES,
+    REQUEST_TIMEOUT_S,
+    Limits,
+    attack,
+    limit_env,
+    probes_for,
+)
 
 TARGET_RATIO = 1.5
 VICTIM_KEY = "sk-isolation-victim"
 VICTIM_MODEL = "mock-model"
-VICTIM_BODY = orjson.dumps({"model": VICTIM_MODEL, "stream": True, "messages": [
-    {"role": "system", "content": "You are a concise assistant."},
-    {"role": "user", "content": "Say hello in five words."}]})
+VICTIM_BODY = orjson.dumps(
+    {
+        "model": VICTIM_MODEL,
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "You are a concise assistant."},
+            {"role": "user", "content": "Say hello in five words."},
+        ],
+    }
+)
 VICTIM_HEADERS = {"content-type": "application/json", "authorization": f"Bearer {VICTIM_KEY}"}
-MAX_VICTIM_IN_FLIGHT = 512     # past it a scheduled victim request counts as an error
-READY_TIMEOUT_S = 120.0        # the attacker builds its bodies before it says "ready"
-SETTLE_MAX_S = 30.0           # the gateway may still chew on a cut 16 MB body
+MAX_VICTIM_IN_FLIGHT = 512  # past it a scheduled victim request counts as an error
+READY_TIMEOUT_S = 120.0  # the attacker builds its bodies before it says "ready"
+SETTLE_MAX_S = 30.0  # the gateway may still chew on a cut 16 MB body
 WARM_S = 1.0
 
 
 # -- attacker process ---------------------------------------------------------------------------
+
 
 def attacker_main(args: argparse.Namespace) -> int:
     limits = Limits(**orjson.loads(args.limits))
@@ -79,6 +105,7 @@ def attacker_main(args: argparse.Namespace) -> int:
 
 # -- victim -------------------------------------------------------------------------------------
 
+
 async def open_loop(url: str, users: int, interval_s: float, seconds: float) -> LoadResult:
     """Each of `users` starts a streaming chat every `interval_s` (staggered) whether or not its
     last one finished; TTFT counts from the scheduled start. A closed loop (bench.harness.load)
@@ -89,16 +116,18 @@ async def open_loop(url: str, users: int, interval_s: float, seconds: float) -> 
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=MAX_VICTIM_IN_FLIGHT)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
         async def one(scheduled: float) -> None:
             nonlocal errors
             first = None
             try:
-                async with session.post(url + "/chat/completions", data=VICTIM_BODY,
-                                        headers=VICTIM_HEADERS) as resp:
+                async with session.post(
+                    url + "/chat/completions", data=VICTIM_BODY, headers=VICTIM_HEADERS
+                ) as resp:
                     async for chunk in resp.content.iter_any():
                         if first is None and resp.status == 200 and b"tok0" in chunk:
                             first = time.perf_counter()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             if first is None:
                 errors += 1
@@ -120,22 +149,25 @@ async def open_loop(url: str, users: int, interval_s: float, seconds: float) -> 
 
 
 def victim_load(url: str, args: argparse.Namespace, seconds: float) -> LoadResult:
-    return asyncio.run(open_loop(url, args.victim_concurrency, args.victim_interval_ms / 1000,
-                                 seconds))
+    return asyncio.run(
+        open_loop(url, args.victim_concurrency, args.victim_interval_ms / 1000, seconds)
+    )
 
 
 # -- processes ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Placement:
     """Cores for the attacker and its mock; `shared`: they share the harness core, at nice 10
     so the victim's client wakes first (SCHED_IDLE starves them on a busy machine)."""
+
     attacker_core: str | None
     mock_core: str | None
     shared: bool
 
     @classmethod
-    def for_machine(cls) -> "Placement":
+    def for_machine(cls) -> Placement:
         cpus = os.cpu_count() or 1
         if cpus >= 4:
             return cls("2", "3", False)
@@ -150,8 +182,16 @@ class Placement:
 
 def start_attacker_mock(place: Placement) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    return start_upstream([*place.prefix(place.mock_core), sys.executable,
-                           os.path.abspath(__file__), "--upstream-port", str(port)], port)
+    return start_upstream(
+        [
+            *place.prefix(place.mock_core),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--upstream-port",
+            str(port),
+        ],
+        port,
+    )
 
 
 def upstream_main(port: int) -> int:
@@ -160,10 +200,19 @@ def upstream_main(port: int) -> int:
     from aiohttp import web
 
     def event(delta: dict, finish: str | None = None) -> bytes:
-        return b"data: " + orjson.dumps({"id": "chatcmpl-atk", "object": "chat.completion.chunk",
-                                         "created": 0, "model": "attacker", "choices": [
-                                             {"index": 0, "delta": delta,
-                                              "finish_reason": finish}]}) + b"\n\n"
+        return (
+            b"data: "
+            + orjson.dumps(
+                {
+                    "id": "chatcmpl-atk",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "attacker",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+            + b"\n\n"
+        )
 
     async def chat(request: web.Request) -> web.StreamResponse:
         async for _ in request.content.iter_chunked(1 << 16):
@@ -190,19 +239,24 @@ def upstream_main(port: int) -> int:
 
 
 def gateway_env(victim_upstream: str, attacker_upstream: str) -> dict[str, str]:
-    routes = [{"name": "victim", "models": [VICTIM_MODEL], "kind": "openai",
-               "base_url": victim_upstream},
-              {"name": "attacker", "models": ["*"], "kind": "openai",
-               "base_url": attacker_upstream}]
-    return {"FIRSTTOKEN_ROUTES": orjson.dumps(routes).decode(),
-            "FIRSTTOKEN_TENANT_KEYS": f"victim:{VICTIM_KEY},attacker:{ATTACKER_KEY}", **limit_env()}
+    routes = [
+        {"name": "victim", "models": [VICTIM_MODEL], "kind": "openai", "base_url": victim_upstream},
+        {"name": "attacker", "models": ["*"], "kind": "openai", "base_url": attacker_upstream},
+    ]
+    return {
+        "FIRSTTOKEN_ROUTES": orjson.dumps(routes).decode(),
+        "FIRSTTOKEN_TENANT_KEYS": f"victim:{VICTIM_KEY},attacker:{ATTACKER_KEY}",
+        **limit_env(),
+    }
 
 
 def drain_log(proc: subprocess.Popen, tail: collections.deque) -> None:
     """Read the gateway's stderr so a chatty log can never block it; keep the last lines."""
+
     def run() -> None:
         for line in proc.stderr:
             tail.append(line.decode(errors="replace").rstrip())
+
     threading.Thread(target=run, daemon=True).start()
 
 
@@ -228,14 +282,28 @@ def settle(pid: int) -> tuple[float, bool]:
     return time.perf_counter() - start, False
 
 
-def spawn_attacker(phase: str, url: str, limits: Limits, args: argparse.Namespace,
-                   place: Placement) -> subprocess.Popen:
+def spawn_attacker(
+    phase: str, url: str, limits: Limits, args: argparse.Namespace, place: Placement
+) -> subprocess.Popen:
     return subprocess.Popen(
-        [*place.prefix(place.attacker_core), sys.executable, os.path.abspath(__file__),
-         "--attacker", phase, "--url", url, "--limits", orjson.dumps(asdict(limits)).decode(),
-         "--seconds", str(args.seconds + 0.3),
-         "--attacker-connections", str(args.attacker_connections)],
-        cwd=ROOT, stdout=subprocess.PIPE)
+        [
+            *place.prefix(place.attacker_core),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--attacker",
+            phase,
+            "--url",
+            url,
+            "--limits",
+            orjson.dumps(asdict(limits)).decode(),
+            "--seconds",
+            str(args.seconds + 0.3),
+            "--attacker-connections",
+            str(args.attacker_connections),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
 
 
 def wait_ready(proc: subprocess.Popen) -> None:
@@ -245,8 +313,9 @@ def wait_ready(proc: subprocess.Popen) -> None:
         raise RuntimeError(f"attacker not ready within {READY_TIMEOUT_S}s (exit {proc.poll()})")
 
 
-def run_attack(phase: str, url: str, limits: Limits, args: argparse.Namespace,
-               place: Placement) -> tuple[LoadResult, dict]:
+def run_attack(
+    phase: str, url: str, limits: Limits, args: argparse.Namespace, place: Placement
+) -> tuple[LoadResult, dict]:
     """The victim's load while the attacker runs `phase`; (victim result, attacker report)."""
     proc = spawn_attacker(phase, url, limits, args, place)
     try:
@@ -263,6 +332,7 @@ def run_attack(phase: str, url: str, limits: Limits, args: argparse.Namespace,
 
 # -- report -------------------------------------------------------------------------------------
 
+
 @dataclass
 class AloneRound:
     result: LoadResult
@@ -276,43 +346,65 @@ def baseline(rounds: list[AloneRound]) -> LoadResult:
 
 def phase_row(phase: str, victim: LoadResult, alone_p99: float, attacker: dict) -> dict:
     ratio = victim.pct(99) / alone_p99 if alone_p99 else float("nan")
-    return {"phase": phase, "victim_requests": victim.completed, "victim_errors": victim.errors,
-            "victim_ttft_p50_ms": victim.pct(50), "victim_ttft_p99_ms": victim.pct(99),
-            "p99_ratio": ratio, "attacker": attacker,
-            "pass": victim.completed > 0 and victim.errors == 0 and ratio <= TARGET_RATIO}
+    return {
+        "phase": phase,
+        "victim_requests": victim.completed,
+        "victim_errors": victim.errors,
+        "victim_ttft_p50_ms": victim.pct(50),
+        "victim_ttft_p99_ms": victim.pct(99),
+        "p99_ratio": ratio,
+        "attacker": attacker,
+        "pass": victim.completed > 0 and victim.errors == 0 and ratio <= TARGET_RATIO,
+    }
 
 
 def print_table(alone: LoadResult, rounds: list[AloneRound], rows: list[dict]) -> None:
-    print(f"{'phase':<9} {'victim n':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99/alone':>9} {'err':>4} "
-          f"{'atk done':>8} {'cut':>4} {'settle s':>8}  attacker statuses")
-    print(f"{'alone':<9} {alone.completed:>8} {alone.pct(50):>8.2f} {alone.pct(99):>8.2f} "
-          f"{1.0:>9.2f} {alone.errors:>4} {'-':>8} {'-':>4} {'-':>8}  p99 per round: "
-          + " ".join(f"{r.result.pct(99):.1f}{'' if r.quiet else '*'}" for r in rounds))
+    print(
+        f"{'phase':<9} {'victim n':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99/alone':>9} {'err':>4} "
+        f"{'atk done':>8} {'cut':>4} {'settle s':>8}  attacker statuses"
+    )
+    print(
+        f"{'alone':<9} {alone.completed:>8} {alone.pct(50):>8.2f} {alone.pct(99):>8.2f} "
+        f"{1.0:>9.2f} {alone.errors:>4} {'-':>8} {'-':>4} {'-':>8}  p99 per round: "
+        + " ".join(f"{r.result.pct(99):.1f}{'' if r.quiet else '*'}" for r in rounds)
+    )
     for r in rows:
         a = r["attacker"]
         statuses = " ".join(f"{s}:{n}" for s, n in sorted(a["statuses"].items()))
-        print(f"{r['phase']:<9} {r['victim_requests']:>8} {r['victim_ttft_p50_ms']:>8.2f} "
-              f"{r['victim_ttft_p99_ms']:>8.2f} {r['p99_ratio']:>9.2f} {r['victim_errors']:>4} "
-              f"{a['requests']:>8} {a['cancelled_in_flight']:>4} {a['settle_s']:>8.1f}  {statuses}")
-    print("atk done: attacker requests answered; cut: in flight when the phase ended; settle: "
-          "seconds until the gateway's CPU went quiet afterwards (at most "
-          f"{SETTLE_MAX_S:g}); *: alone round begun on a busy gateway, left out of 'alone'")
+        print(
+            f"{r['phase']:<9} {r['victim_requests']:>8} {r['victim_ttft_p50_ms']:>8.2f} "
+            f"{r['victim_ttft_p99_ms']:>8.2f} {r['p99_ratio']:>9.2f} {r['victim_errors']:>4} "
+            f"{a['requests']:>8} {a['cancelled_in_flight']:>4} {a['settle_s']:>8.1f}  {statuses}"
+        )
+    print(
+        "atk done: attacker requests answered; cut: in flight when the phase ended; settle: "
+        "seconds until the gateway's CPU went quiet afterwards (at most "
+        f"{SETTLE_MAX_S:g}); *: alone round begun on a busy gateway, left out of 'alone'"
+    )
     for r in rows:
         for kind, counts in r["attacker"]["unexpected"].items():
             print(f"  note: {r['phase']}/{kind}: unexpected statuses {counts}")
     for r in rows:
-        print(f"  {'PASS' if r['pass'] else 'FAIL'}  {r['phase']}: victim p99 <= {TARGET_RATIO}x "
-              f"alone, no victim errors")
+        print(
+            f"  {'PASS' if r['pass'] else 'FAIL'}  {r['phase']}: victim p99 <= {TARGET_RATIO}x "
+            f"alone, no victim errors"
+        )
 
 
 # -- main ---------------------------------------------------------------------------------------
 
+
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each round")
-    parser.add_argument("--victim-concurrency", type=int, default=4,
-                        help="victim users, each starting a stream every --victim-interval-ms")
+    parser.add_argument(
+        "--victim-concurrency",
+        type=int,
+        default=4,
+        help="victim users, each starting a stream every --victim-interval-ms",
+    )
     parser.add_argument("--victim-interval-ms", type=float, default=100.0)
     parser.add_argument("--attacker-connections", type=int, default=2)
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
@@ -324,8 +416,9 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def measure(args: argparse.Namespace, url: str, gateway_pid: int, limits: Limits,
-            place: Placement) -> tuple[list[AloneRound], list[dict]]:
+def measure(
+    args: argparse.Namespace, url: str, gateway_pid: int, limits: Limits, place: Placement
+) -> tuple[list[AloneRound], list[dict]]:
     """alone, attack, alone, attack, ..., alone; (alone rounds, raw attack results)."""
     _, quiet = settle(gateway_pid)  # start-up work
     victim_load(url, args, WARM_S)  # unmeasured
@@ -346,8 +439,9 @@ def progress(step: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {step}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace, limits: Limits, place: Placement
-        ) -> tuple[list[AloneRound], list[dict], list[str]]:
+def run(
+    args: argparse.Namespace, limits: Limits, place: Placement
+) -> tuple[list[AloneRound], list[dict], list[str]]:
     """Start the upstreams and the gateway, measure, and stop every process we started."""
     procs: list[subprocess.Popen] = []
     log_tail: collections.deque = collections.deque(maxlen=20)
@@ -356,8 +450,9 @@ def run(args: argparse.Namespace, limits: Limits, place: Placement
         procs.append(mock)
         attacker_mock, attacker_upstream = start_attacker_mock(place)
         procs.append(attacker_mock)
-        gateway, url, _ = start_gateway(victim_upstream, gateway_env(victim_upstream,
-                                                                     attacker_upstream))
+        gateway, url, _ = start_gateway(
+            victim_upstream, gateway_env(victim_upstream, attacker_upstream)
+        )
         procs.append(gateway)
         drain_log(gateway, log_tail)
         alone_rounds, attacks = measure(args, url, gateway.pid, limits, place)
@@ -367,14 +462,22 @@ def run(args: argparse.Namespace, limits: Limits, place: Placement
     return alone_rounds, attacks, list(log_tail)
 
 
-def report(args: argparse.Namespace, limits: Limits, place: Placement,
-           alone_rounds: list[AloneRound], attacks: list[dict], log_tail: list[str]) -> bool:
+def report(
+    args: argparse.Namespace,
+    limits: Limits,
+    place: Placement,
+    alone_rounds: list[AloneRound],
+    attacks: list[dict],
+    log_tail: list[str],
+) -> bool:
     """Print the table, write the JSON; True when every phase passed."""
     alone = baseline(alone_rounds)
     rows = [phase_row(a["phase"], a["victim"], alone.pct(99), a["attacker"]) for a in attacks]
     print(f"limits: {asdict(limits)}")
-    print(f"placement: {asdict(place)}, victim: {args.victim_concurrency} users every "
-          f"{args.victim_interval_ms:g} ms, {args.seconds:g} s per round")
+    print(
+        f"placement: {asdict(place)}, victim: {args.victim_concurrency} users every "
+        f"{args.victim_interval_ms:g} ms, {args.seconds:g} s per round"
+    )
     print_table(alone, alone_rounds, rows)
     if log_tail:
         print(f"gateway log (last {len(log_tail)} lines):")
@@ -382,16 +485,29 @@ def report(args: argparse.Namespace, limits: Limits, place: Placement,
             print("  " + line[:200])
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "wb") as f:
-        f.write(orjson.dumps({
-            "limits": asdict(limits), "placement": asdict(place), "seconds": args.seconds,
-            "victim_users": args.victim_concurrency,
-            "victim_interval_ms": args.victim_interval_ms, "target_ratio": TARGET_RATIO,
-            "alone": {"requests": alone.completed, "errors": alone.errors,
-                      "ttft_p50_ms": alone.pct(50), "ttft_p99_ms": alone.pct(99),
-                      "round_p99_ms": [r.result.pct(99) for r in alone_rounds],
-                      "round_quiet": [r.quiet for r in alone_rounds]},
-            "phases": rows, "gateway_log_tail": log_tail,
-        }, option=orjson.OPT_INDENT_2))
+        f.write(
+            orjson.dumps(
+                {
+                    "limits": asdict(limits),
+                    "placement": asdict(place),
+                    "seconds": args.seconds,
+                    "victim_users": args.victim_concurrency,
+                    "victim_interval_ms": args.victim_interval_ms,
+                    "target_ratio": TARGET_RATIO,
+                    "alone": {
+                        "requests": alone.completed,
+                        "errors": alone.errors,
+                        "ttft_p50_ms": alone.pct(50),
+                        "ttft_p99_ms": alone.pct(99),
+                        "round_p99_ms": [r.result.pct(99) for r in alone_rounds],
+                        "round_quiet": [r.quiet for r in alone_rounds],
+                    },
+                    "phases": rows,
+                    "gateway_log_tail": log_tail,
+                },
+                option=orjson.OPT_INDENT_2,
+            )
+        )
     return all(r["pass"] for r in rows)
 
 

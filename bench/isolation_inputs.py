@@ -53,6 +53,7 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 # -- limits -------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Limits:
     body_bytes: int
@@ -65,26 +66,39 @@ class Limits:
     model_chars: int
 
     @classmethod
-    def from_settings(cls) -> "Limits":
+    def from_settings(cls) -> Limits:
         from gateway.settings import Settings
 
         s = Settings()
-        return cls(s.max_body_bytes, s.max_json_depth, s.max_json_containers, s.max_messages,
-                   s.max_header_bytes, s.max_headers, s.max_request_line_bytes, s.max_model_chars)
+        return cls(
+            s.max_body_bytes,
+            s.max_json_depth,
+            s.max_json_containers,
+            s.max_messages,
+            s.max_header_bytes,
+            s.max_headers,
+            s.max_request_line_bytes,
+            s.max_model_chars,
+        )
 
 
 def limit_env() -> dict[str, str]:
     """Limit overrides in our environment, passed on so the gateway and the bench agree."""
-    return {k: v for k, v in os.environ.items()
-            if k.startswith("FIRSTTOKEN_MAX_") or k == "FIRSTTOKEN_POLICY_THREAD_MIN_BYTES"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("FIRSTTOKEN_MAX_") or k == "FIRSTTOKEN_POLICY_THREAD_MIN_BYTES"
+    }
 
 
 # -- requests -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Probe:
     """One kind of attacker request: raw HTTP bytes with NONCE placeholders, and the statuses
     a correct gateway answers ("reset": it closed before we read its answer)."""
+
     kind: str
     template: bytes
     expect: tuple[str, ...]
@@ -93,11 +107,18 @@ class Probe:
         return self.template.replace(NONCE, str(n).zfill(len(NONCE)).encode())
 
 
-def http_request(body: bytes, fields: Sequence[tuple[str, str]] = (),
-                 target: str = "/v1/chat/completions") -> bytes:
-    head = [f"POST {target} HTTP/1.1", "host: 127.0.0.1", f"authorization: Bearer {ATTACKER_KEY}",
-            "content-type: application/json", f"content-length: {len(body)}", "connection: close",
-            *(f"{k}: {v}" for k, v in fields)]
+def http_request(
+    body: bytes, fields: Sequence[tuple[str, str]] = (), target: str = "/v1/chat/completions"
+) -> bytes:
+    head = [
+        f"POST {target} HTTP/1.1",
+        "host: 127.0.0.1",
+        f"authorization: Bearer {ATTACKER_KEY}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{k}: {v}" for k, v in fields),
+    ]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
@@ -107,16 +128,18 @@ BASE_FIELDS = 5  # fields http_request always sends
 def attacker_model(limits: Limits) -> str:
     """Unique per request (the nonce), one character under the limit."""
     name = "atk-" + NONCE.decode()
-    return (name + "x" * max(0, limits.model_chars - 1 - len(name)))[:limits.model_chars - 1]
+    return (name + "x" * max(0, limits.model_chars - 1 - len(name)))[: limits.model_chars - 1]
 
 
 # -- sizing -------------------------------------------------------------------------------------
 
+
 def prose(rng: random.Random, chars: int) -> str:
     """Varied text with what `slim` rewrites: trailing spaces, blank-line runs, zero-width spaces
     and fenced code. ~2 MiB of lines are generated, then reshuffled to reach `chars`."""
-    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 10)))
-             for _ in range(3000)]
+    words = [
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 10))) for _ in range(3000)
+    ]
     lines, size = [], 0
     while size < min(chars, 2 * 1024 * 1024):
         r = rng.random()
@@ -173,6 +196,7 @@ def fill_both(make: Callable[[int, int], bytes], max_containers: int, target: in
 
 # -- bodies -------------------------------------------------------------------------------------
 
+
 def biggest_body(limits: Limits, pool: str, wide: bool) -> bytes:
     """Eight long messages and eight tools, just under the body limit; `wide`: the tools'
     schemas hold as many properties (one object each) as the container cap allows."""
@@ -182,17 +206,36 @@ def biggest_body(limits: Limits, pool: str, wide: bool) -> bytes:
 
     def make(properties: int, chars: int) -> bytes:
         each, step = chars // len(roles), len(pool) // len(roles)
-        messages = [{"role": role,
-                     "content": f"{NONCE.decode()} {i} " + pool[i * step:i * step + each]}
-                    for i, role in enumerate(roles)]
-        tools = [{"type": "function", "function": {
-            "name": f"tool_{t}", "description": pool[t * 200:t * 200 + 200].translate(NO_BRACKETS),
-            "parameters": {"type": "object", "properties": {
-                f"p{j}": {"type": "string"} for j in range(t, properties, 8)}}}}
-            for t in range(8)]
-        return orjson.dumps({"model": attacker_model(limits), "stream": True, "messages": messages,
-                             "tools": tools, "user": NONCE.decode(),
-                             "prompt_cache_key": NONCE.decode() + "k" * 1000})
+        messages = [
+            {"role": role, "content": f"{NONCE.decode()} {i} " + pool[i * step : i * step + each]}
+            for i, role in enumerate(roles)
+        ]
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": f"tool_{t}",
+                    "description": pool[t * 200 : t * 200 + 200].translate(NO_BRACKETS),
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            f"p{j}": {"type": "string"} for j in range(t, properties, 8)
+                        },
+                    },
+                },
+            }
+            for t in range(8)
+        ]
+        return orjson.dumps(
+            {
+                "model": attacker_model(limits),
+                "stream": True,
+                "messages": messages,
+                "tools": tools,
+                "user": NONCE.decode(),
+                "prompt_cache_key": NONCE.decode() + "k" * 1000,
+            }
+        )
 
     if wide:
         return fill_both(make, limits.json_containers, limits.body_bytes - BODY_SLACK)
@@ -222,7 +265,7 @@ def messages_body(limits: Limits, pool: str, extra_parts: int, chars: int) -> by
 
     def text() -> str:
         start = rng.randrange(0, max(1, len(plain) - 200 - each))
-        return plain[start:start + rng.randint(20, 160) + each]
+        return plain[start : start + rng.randint(20, 160) + each]
 
     messages: list[dict] = []
     q = 0  # lists so far
@@ -230,16 +273,30 @@ def messages_body(limits: Limits, pool: str, extra_parts: int, chars: int) -> by
         if kind == "system":
             messages.append({"role": "system", "content": f"{NONCE.decode()} be brief."})
         elif kind == "call":
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": "lookup", "arguments": '{"q": "%d"}' % i}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{i}",
+                            "type": "function",
+                            "function": {"name": "lookup", "arguments": '{"q": "%d"}' % i},
+                        }
+                    ],
+                }
+            )
         elif kind == "tool":
             messages.append({"role": "tool", "tool_call_id": f"call_{i - 1}", "content": text()})
         elif kind == "parts":
             parts = 1 + extra_parts // lists + (q < extra_parts % lists)
             q += 1
-            messages.append({"role": "user",
-                             "content": [{"type": "text", "text": text()} for _ in range(parts)]})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": text()} for _ in range(parts)],
+                }
+            )
         else:
             messages.append({"role": kind, "content": text()})
     return orjson.dumps({"model": attacker_model(limits), "stream": True, "messages": messages})
@@ -253,8 +310,9 @@ def chain(levels: int) -> dict | list:
     return node
 
 
-def deep_body(limits: Limits, depth: int, where: str, pool: str = "",
-              max_containers: int = 0) -> bytes:
+def deep_body(
+    limits: Limits, depth: int, where: str, pool: str = "", max_containers: int = 0
+) -> bytes:
     """Chains reaching exactly `depth` in content parts or tool schemas, plus a last chain one
     level deeper when `depth` is over the limit. Small (one chain) unless `max_containers`:
     then as many chains as keep the body's containers at most that, and text from `pool` in
@@ -274,22 +332,27 @@ def deep_body(limits: Limits, depth: int, where: str, pool: str = "",
 
     def item(levels: int, text: str = "") -> dict:
         if where == "parts":
-            return {"type": "text", "text": f"{NONCE.decode()} part {text}",
-                    "x_meta": chain(levels)}
-        return {"type": "function", "function": {"name": "deep", "description": text,
-                                                 "parameters": chain(levels)}}
+            return {
+                "type": "text",
+                "text": f"{NONCE.decode()} part {text}",
+                "x_meta": chain(levels),
+            }
+        return {
+            "type": "function",
+            "function": {"name": "deep", "description": text, "parameters": chain(levels)},
+        }
 
     # containers above a chain: body, messages, message, content, part | body, tools, tool, function
     above = 5 if where == "parts" else 4
     levels = min(depth, limits.json_depth - 1) - above
     overflow = [item(depth - above)] if depth >= limits.json_depth else []
-    probe = orjson.loads(orjson.dumps(wrap([item(levels)] + overflow)))  # more items: no deeper
+    probe = orjson.loads(orjson.dumps(wrap([item(levels), *overflow])))  # more items: no deeper
     assert nested_deeper_than(probe, depth - 1) and not nested_deeper_than(probe, depth)
 
     def make(units: int, chars: int) -> bytes:
         each = chars // max(1, units)
         step = max(1, (len(plain) - each) // max(1, units))
-        items = [item(levels, plain[u * step:u * step + each]) for u in range(units)]
+        items = [item(levels, plain[u * step : u * step + each]) for u in range(units)]
         return orjson.dumps(wrap(items + overflow))
 
     if not max_containers:
@@ -310,9 +373,15 @@ def pad_fields(count: int, total: int) -> list[tuple[str, str]]:
 
 # -- probes -------------------------------------------------------------------------------------
 
+
 def header_probes(limits: Limits) -> list[Probe]:
-    body = orjson.dumps({"model": attacker_model(limits), "stream": True,
-                         "messages": [{"role": "user", "content": f"{NONCE.decode()} hi"}]})
+    body = orjson.dumps(
+        {
+            "model": attacker_model(limits),
+            "stream": True,
+            "messages": [{"role": "user", "content": f"{NONCE.decode()} hi"}],
+        }
+    )
     base = http_request(body).index(b"\r\n\r\n") + 4  # the head's bytes
     room = limits.header_bytes - 256 - base
     many = pad_fields(limits.headers - 1 - BASE_FIELDS, room)
@@ -325,8 +394,13 @@ def header_probes(limits: Limits) -> list[Probe]:
         Probe("1 field<limit", http_request(body, pad_fields(1, room)), ("200",)),
         Probe("line<limit", http_request(body, target=line_target), ("200",)),
         Probe("bytes>limit", http_request(body, pad_fields(1, room + 4096 + 256)), over),
-        Probe("fields>limit", http_request(body, pad_fields(limits.headers + 1 - BASE_FIELDS,
-                                                            (limits.headers + 1) * 16)), over),
+        Probe(
+            "fields>limit",
+            http_request(
+                body, pad_fields(limits.headers + 1 - BASE_FIELDS, (limits.headers + 1) * 16)
+            ),
+            over,
+        ),
         Probe("bytes>>limit", http_request(body, pad_fields(16, 16 * limits.header_bytes)), over),
         Probe("line>limit", http_request(body, target=over_target), ("414", "reset")),
     ]
@@ -336,15 +410,20 @@ def deep_probes(limits: Limits, pool: str) -> list[Probe]:
     under, over, cap = limits.json_depth - 1, limits.json_depth + 1, limits.json_containers
     too_many = deep_body(limits, under, "parts", pool, cap + 1000)
     assert containers(too_many) > cap
-    return [Probe("parts<limit", http_request(deep_body(limits, under, "parts")), ("200",)),
-            Probe("tools<limit,full", http_request(deep_body(limits, under, "tools", pool, cap)),
-                  ("200",)),
-            Probe("parts<limit,full", http_request(deep_body(limits, under, "parts", pool, cap)),
-                  ("200",)),
-            Probe("parts>limit", http_request(deep_body(limits, over, "parts")), ("400",)),
-            Probe("parts>limit,full", http_request(deep_body(limits, over, "parts", pool, cap)),
-                  ("400",)),
-            Probe("containers>limit,full", http_request(too_many), ("400",))]
+    return [
+        Probe("parts<limit", http_request(deep_body(limits, under, "parts")), ("200",)),
+        Probe(
+            "tools<limit,full", http_request(deep_body(limits, under, "tools", pool, cap)), ("200",)
+        ),
+        Probe(
+            "parts<limit,full", http_request(deep_body(limits, under, "parts", pool, cap)), ("200",)
+        ),
+        Probe("parts>limit", http_request(deep_body(limits, over, "parts")), ("400",)),
+        Probe(
+            "parts>limit,full", http_request(deep_body(limits, over, "parts", pool, cap)), ("400",)
+        ),
+        Probe("containers>limit,full", http_request(too_many), ("400",)),
+    ]
 
 
 def probes_for(phase: str, limits: Limits) -> list[Probe]:
@@ -357,23 +436,31 @@ def probes_for(phase: str, limits: Limits) -> list[Probe]:
         return deep_probes(limits, prose(rng, limits.body_bytes))
     if phase == "biggest":
         pool = prose(rng, limits.body_bytes)
-        return [Probe("biggest", http_request(biggest_body(limits, pool, False)), ("200",)),
-                Probe("biggest,wide", http_request(biggest_body(limits, pool, True)), ("200",))]
+        return [
+            Probe("biggest", http_request(biggest_body(limits, pool, False)), ("200",)),
+            Probe("biggest,wide", http_request(biggest_body(limits, pool, True)), ("200",)),
+        ]
     if phase == "messages":
         pool = prose(rng, 1 << 20)
         light = messages_body(limits, pool, 0, 0)
         if containers(light) > limits.json_containers:  # a low cap: max_messages out of reach
             return [Probe("messages", http_request(light), ("400",))]
-        full = fill_both(lambda parts, chars: messages_body(limits, pool, parts, chars),
-                         limits.json_containers, limits.body_bytes - BODY_SLACK)
-        return [Probe("messages", http_request(light), ("200",)),
-                # Its tool_call_ids make tenant mode scan it for object ids, and it holds more
-                # values than that scan takes (README, "Security model"): a 400 is right too.
-                Probe("messages,full", http_request(full), ("200", "400"))]
+        full = fill_both(
+            lambda parts, chars: messages_body(limits, pool, parts, chars),
+            limits.json_containers,
+            limits.body_bytes - BODY_SLACK,
+        )
+        return [
+            Probe("messages", http_request(light), ("200",)),
+            # Its tool_call_ids make tenant mode scan it for object ids, and it holds more
+            # values than that scan takes (README, "Security model"): a 400 is right too.
+            Probe("messages,full", http_request(full), ("200", "400")),
+        ]
     raise ValueError(f"unknown phase {phase!r}")
 
 
 # -- sending ------------------------------------------------------------------------------------
+
 
 async def exchange(host: str, port: int, data: bytes) -> tuple[str, int]:
     """Send one raw request; (status or "reset"/"closed", bytes sent)."""
@@ -417,8 +504,9 @@ async def attack(url: str, probes: list[Probe], seconds: float, connections: int
             probe = probes[(w * len(probes) // connections + j) % len(probes)]
             try:
                 status, size = await asyncio.wait_for(
-                    exchange(host, port, probe.render(next(nonce))), REQUEST_TIMEOUT_S)
-            except asyncio.TimeoutError:
+                    exchange(host, port, probe.render(next(nonce))), REQUEST_TIMEOUT_S
+                )
+            except TimeoutError:
                 status, size = "timeout", 0
             except OSError as exc:
                 status, size = type(exc).__name__, 0
@@ -431,10 +519,16 @@ async def attack(url: str, probes: list[Probe], seconds: float, connections: int
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     expected = {p.kind: p.expect for p in probes}
-    unexpected = {kind: {s: n for s, n in counts.items() if s not in expected[kind]}
-                  for kind, counts in by_kind.items()}
+    unexpected = {
+        kind: {s: n for s, n in counts.items() if s not in expected[kind]}
+        for kind, counts in by_kind.items()
+    }
     statuses = sum(by_kind.values(), collections.Counter())
-    return {"requests": sum(statuses.values()), "statuses": dict(statuses),
-            "by_kind": {k: dict(v) for k, v in by_kind.items()},
-            "unexpected": {k: v for k, v in unexpected.items() if v},
-            "cancelled_in_flight": len(pending), "bytes_sent": sent[0]}
+    return {
+        "requests": sum(statuses.values()),
+        "statuses": dict(statuses),
+        "by_kind": {k: dict(v) for k, v in by_kind.items()},
+        "unexpected": {k: v for k, v in unexpected.items() if v},
+        "cancelled_in_flight": len(pending),
+        "bytes_sent": sent[0],
+    }

@@ -37,10 +37,16 @@ def make_app(upstream: str):
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        async with state["session"].post(upstream + "/chat/completions", data=body,
-                                          headers={"content-type": "application/json"}) as resp:
-            await send({"type": "http.response.start", "status": resp.status,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+        async with state["session"].post(
+            upstream + "/chat/completions", data=body, headers={"content-type": "application/json"}
+        ) as resp:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
             async for chunk in resp.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -49,5 +55,10 @@ def make_app(upstream: str):
 
 
 if __name__ == "__main__":
-    uvicorn.run(make_app(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[1]),
-                log_level="warning", access_log=False)
+    uvicorn.run(
+        make_app(sys.argv[2]),
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="warning",
+        access_log=False,
+    )

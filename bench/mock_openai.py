@@ -25,25 +25,25 @@ class MockBehaviour:
     gap_s: float = 0.0
     prompt_tokens: int = 10
     cached_tokens: int = 0
-    fail_statuses: list[int] = field(default_factory=list)   # consumed one per request
+    fail_statuses: list[int] = field(default_factory=list)  # consumed one per request
     retry_after: str | None = None
-    hold_after_first: asyncio.Event | None = None            # for the no-buffering test
-    die_after_chunks: int | None = None                      # cut the connection mid-stream
-    cut_before_events: bool = False                          # headers, then a cut
+    hold_after_first: asyncio.Event | None = None  # for the no-buffering test
+    die_after_chunks: int | None = None  # cut the connection mid-stream
+    cut_before_events: bool = False  # headers, then a cut
     tool_call: bool = False
     # object endpoints (files, batches, responses): see the "Objects" section
-    redirect_to: str | None = None                           # answer 307 to this base URL
-    hang_s: float = 0.0                                      # wait (streams: after event 1)
+    redirect_to: str | None = None  # answer 307 to this base URL
+    hang_s: float = 0.0  # wait (streams: after event 1)
     object_headers: dict[str, str] = field(default_factory=dict)  # extra response headers
-    pad_bytes: int = 0                                       # padding added to list bodies
-    huge_event_bytes: int = 0                                # a response stream event this big
+    pad_bytes: int = 0  # padding added to list bodies
+    huge_event_bytes: int = 0  # a response stream event this big
 
 
 class MockUpstream:
     def __init__(self, behaviour: MockBehaviour | None = None) -> None:
         self.behaviour = behaviour or MockBehaviour()
-        self.requests: list[dict] = []          # {"path", "headers", "body"}
-        self.disconnects: list[float] = []      # times a streaming client went away
+        self.requests: list[dict] = []  # {"path", "headers", "body"}
+        self.disconnects: list[float] = []  # times a streaming client went away
         self.sent_first: list[float] = []
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -64,10 +64,21 @@ class MockUpstream:
     def _failure(self) -> web.Response | None:
         if self.behaviour.fail_statuses:
             status = self.behaviour.fail_statuses.pop(0)
-            headers = {"retry-after": self.behaviour.retry_after} if self.behaviour.retry_after else {}
-            return web.json_response({"error": {"message": f"mock failure {status}",
-                                                "type": "mock_error", "param": None, "code": None}},
-                                     status=status, headers=headers)
+            headers = (
+                {"retry-after": self.behaviour.retry_after} if self.behaviour.retry_after else {}
+            )
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"mock failure {status}",
+                        "type": "mock_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status=status,
+                headers=headers,
+            )
         return None
 
     async def _client_left_during(self, request: web.Request, seconds: float) -> bool:
@@ -83,9 +94,12 @@ class MockUpstream:
 
     def _usage(self, completion: int) -> dict:
         b = self.behaviour
-        return {"prompt_tokens": b.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": b.prompt_tokens + completion,
-                "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}
+        return {
+            "prompt_tokens": b.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": b.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": b.cached_tokens},
+        }
 
     # -- OpenAI ----------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -102,24 +116,48 @@ class MockUpstream:
             message: dict = {"role": "assistant", "content": "".join(words)}
             finish = "stop"
             if b.tool_call:
-                message = {"role": "assistant", "content": None, "tool_calls": [{
-                    "id": "call_1", "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]}
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                        }
+                    ],
+                }
                 finish = "tool_calls"
-            return web.json_response({
-                "id": "chatcmpl-mock", "object": "chat.completion", "created": int(time.time()),
-                "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": self._usage(b.chunks), "x_unknown_field": {"kept": True}})
+            return web.json_response(
+                {
+                    "id": "chatcmpl-mock",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": self._usage(b.chunks),
+                    "x_unknown_field": {"kept": True},
+                }
+            )
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        base = {"id": "chatcmpl-mock", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": model}
+        base = {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
-            return b"data: " + orjson.dumps({**base, "choices": [
-                {"index": 0, "delta": delta, "finish_reason": finish}]}) + b"\n\n"
+            return (
+                b"data: "
+                + orjson.dumps(
+                    {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                )
+                + b"\n\n"
+            )
 
         try:
             await asyncio.sleep(b.first_delay_s)
@@ -128,12 +166,24 @@ class MockUpstream:
                 return resp
             await resp.write(chunk({"role": "assistant", "content": ""}))
             if b.tool_call:
-                await resp.write(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                                        "function": {"name": "get_weather",
-                                                                     "arguments": ""}}]}))
+                await resp.write(
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": "get_weather", "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
                 for part in ('{"city":', '"Paris"}'):
-                    await resp.write(chunk({"tool_calls": [{"index": 0,
-                                                            "function": {"arguments": part}}]}))
+                    await resp.write(
+                        chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+                    )
                 await resp.write(chunk({}, "tool_calls"))
             else:
                 for i, word in enumerate(words):
@@ -149,8 +199,11 @@ class MockUpstream:
                             await b.hold_after_first.wait()
                 await resp.write(chunk({}, "stop"))
             if include_usage:
-                await resp.write(b"data: " + orjson.dumps({**base, "choices": [],
-                                                           "usage": self._usage(b.chunks)}) + b"\n\n")
+                await resp.write(
+                    b"data: "
+                    + orjson.dumps({**base, "choices": [], "usage": self._usage(b.chunks)})
+                    + b"\n\n"
+                )
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -164,33 +217,68 @@ class MockUpstream:
         if failure is not None:
             return failure
         b = self.behaviour
-        base = {"id": "cmpl-mock", "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model", "mock")}
+        base = {
+            "id": "cmpl-mock",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", "mock"),
+        }
         if not body.get("stream"):
-            return web.json_response({**base, "choices": [{"index": 0, "text": "hello world",
-                                                           "finish_reason": "stop", "logprobs": None}],
-                                      "usage": self._usage(2)})
+            return web.json_response(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "hello world",
+                            "finish_reason": "stop",
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": self._usage(2),
+                }
+            )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(b.first_delay_s)
         for text in ("hello", " world"):
-            await resp.write(b"data: " + orjson.dumps({**base, "choices": [
-                {"index": 0, "text": text, "finish_reason": None, "logprobs": None}]}) + b"\n\n")
+            await resp.write(
+                b"data: "
+                + orjson.dumps(
+                    {
+                        **base,
+                        "choices": [
+                            {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
+                        ],
+                    }
+                )
+                + b"\n\n"
+            )
         if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(b"data: " + orjson.dumps({**base, "choices": [],
-                                                       "usage": self._usage(2)}) + b"\n\n")
+            await resp.write(
+                b"data: " + orjson.dumps({**base, "choices": [], "usage": self._usage(2)}) + b"\n\n"
+            )
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}],
+            }
+        )
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._record(request)
-        return web.json_response({"object": "list", "model": body.get("model"), "data": [
-            {"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}],
-            "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body.get("model"),
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}],
+                "usage": {"prompt_tokens": 3, "total_tokens": 3},
+            }
+        )
 
     # -- Anthropic -------------------------------------------------------------------------
     async def anthropic_messages(self, request: web.Request) -> web.StreamResponse:
@@ -198,14 +286,25 @@ class MockUpstream:
         failure = self._failure()
         if failure is not None:
             return failure
-        usage = {"input_tokens": 5, "output_tokens": 1, "cache_read_input_tokens": 100,
-                 "cache_creation_input_tokens": 20}
+        usage = {
+            "input_tokens": 5,
+            "output_tokens": 1,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 20,
+        }
         if not body.get("stream"):
-            return web.json_response({
-                "id": "msg_mock", "type": "message", "role": "assistant", "model": body["model"],
-                "content": [{"type": "text", "text": "Hello from Claude"}],
-                "stop_reason": "end_turn", "stop_sequence": None,
-                "usage": {**usage, "output_tokens": 4}})
+            return web.json_response(
+                {
+                    "id": "msg_mock",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": body["model"],
+                    "content": [{"type": "text", "text": "Hello from Claude"}],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {**usage, "output_tokens": 4},
+                }
+            )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
 
@@ -213,29 +312,74 @@ class MockUpstream:
             await resp.write(f"event: {name}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n")
 
         await asyncio.sleep(self.behaviour.first_delay_s)
-        await event("message_start", {"type": "message_start", "message": {
-            "id": "msg_mock", "type": "message", "role": "assistant", "model": body["model"],
-            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
-        await event("content_block_start", {"type": "content_block_start", "index": 0,
-                                             "content_block": {"type": "text", "text": ""}})
+        await event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_mock",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": body["model"],
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": usage,
+                },
+            },
+        )
+        await event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        )
         await event("ping", {"type": "ping"})
         for text in ("Hello", " from", " Claude"):
-            await event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                 "delta": {"type": "text_delta", "text": text}})
+            await event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": text},
+                },
+            )
         await event("content_block_stop", {"type": "content_block_stop", "index": 0})
         if body.get("tools"):
-            await event("content_block_start", {"type": "content_block_start", "index": 1,
-                                                 "content_block": {"type": "tool_use", "id": "toolu_1",
-                                                                   "name": "get_weather", "input": {}}})
+            await event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 1,
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {},
+                    },
+                },
+            )
             for part in ('{"city": ', '"Paris"}'):
-                await event("content_block_delta", {"type": "content_block_delta", "index": 1,
-                                                     "delta": {"type": "input_json_delta",
-                                                               "partial_json": part}})
+                await event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 1,
+                        "delta": {"type": "input_json_delta", "partial_json": part},
+                    },
+                )
             await event("content_block_stop", {"type": "content_block_stop", "index": 1})
         stop = "tool_use" if body.get("tools") else "end_turn"
-        await event("message_delta", {"type": "message_delta",
-                                      "delta": {"stop_reason": stop, "stop_sequence": None},
-                                      "usage": {"output_tokens": 3}})
+        await event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+        )
         await event("message_stop", {"type": "message_stop"})
         return resp
 
@@ -283,9 +427,15 @@ class MockObjects:
 
     async def _record(self, request: web.Request) -> bytes:
         raw = await request.read()
-        self.upstream.requests.append({
-            "path": request.path, "raw_path": request.raw_path, "method": request.method,
-            "headers": dict(request.headers), "body": raw})
+        self.upstream.requests.append(
+            {
+                "path": request.path,
+                "raw_path": request.raw_path,
+                "method": request.method,
+                "headers": dict(request.headers),
+                "body": raw,
+            }
+        )
         return raw
 
     async def _gate(self, request: web.Request) -> web.StreamResponse | None:
@@ -301,13 +451,26 @@ class MockObjects:
         return web.json_response(obj, status=status, headers=self.behaviour.object_headers)
 
     def _missing(self, what: str) -> web.Response:
-        return self._json({"error": {"message": f"No such {what}", "type": "invalid_request_error",
-                                     "param": None, "code": None}}, 404)
+        return self._json(
+            {
+                "error": {
+                    "message": f"No such {what}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            404,
+        )
 
     def _list(self, items: list[dict]) -> web.Response:
-        body: dict = {"object": "list", "data": items, "has_more": False,
-                      "first_id": items[0]["id"] if items else None,
-                      "last_id": items[-1]["id"] if items else None}
+        body: dict = {
+            "object": "list",
+            "data": items,
+            "has_more": False,
+            "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None,
+        }
         if self.behaviour.pad_bytes:
             body["padding"] = "x" * self.behaviour.pad_bytes
         return self._json(body)
@@ -318,9 +481,15 @@ class MockObjects:
 
     # files
     async def create_file(self, request: web.Request) -> web.StreamResponse:
-        self.upstream.requests.append({"path": request.path, "raw_path": request.raw_path,
-                                       "method": "POST", "headers": dict(request.headers),
-                                       "body": b""})
+        self.upstream.requests.append(
+            {
+                "path": request.path,
+                "raw_path": request.raw_path,
+                "method": "POST",
+                "headers": dict(request.headers),
+                "body": b"",
+            }
+        )
         form = await request.post()
         gated = await self._gate(request)
         if gated is not None:
@@ -329,10 +498,15 @@ class MockObjects:
         content = upload.file.read() if hasattr(upload, "file") else str(upload or "").encode()
         self.upstream.requests[-1]["body"] = content
         file_id = self._new_id("file-")
-        self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(content),
-                               "created_at": int(time.time()),
-                               "filename": getattr(upload, "filename", "upload"),
-                               "purpose": str(form.get("purpose", "")), "status": "processed"}
+        self.files[file_id] = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": int(time.time()),
+            "filename": getattr(upload, "filename", "upload"),
+            "purpose": str(form.get("purpose", "")),
+            "status": "processed",
+        }
         self.contents[file_id] = content
         return self._json(self.files[file_id])
 
@@ -359,8 +533,11 @@ class MockObjects:
         file_id = request.match_info["id"]
         if file_id not in self.contents:
             return self._missing("file")
-        return web.Response(body=self.contents[file_id], content_type="application/octet-stream",
-                            headers=self.behaviour.object_headers)
+        return web.Response(
+            body=self.contents[file_id],
+            content_type="application/octet-stream",
+            headers=self.behaviour.object_headers,
+        )
 
     # batches: complete at once, with an output file
     async def create_batch(self, request: web.Request) -> web.StreamResponse:
@@ -372,15 +549,28 @@ class MockObjects:
             return self._missing("input file")
         output = self._new_id("file-")
         self.contents[output] = b'{"custom_id": "1", "response": {"status_code": 200}}\n'
-        self.files[output] = {"id": output, "object": "file", "bytes": len(self.contents[output]),
-                              "created_at": int(time.time()), "filename": "batch_output.jsonl",
-                              "purpose": "batch_output", "status": "processed"}
+        self.files[output] = {
+            "id": output,
+            "object": "file",
+            "bytes": len(self.contents[output]),
+            "created_at": int(time.time()),
+            "filename": "batch_output.jsonl",
+            "purpose": "batch_output",
+            "status": "processed",
+        }
         batch_id = self._new_id("batch_")
         self.batches[batch_id] = {
-            "id": batch_id, "object": "batch", "endpoint": body.get("endpoint"),
-            "input_file_id": body.get("input_file_id"), "completion_window": "24h",
-            "status": "completed", "output_file_id": output, "error_file_id": None,
-            "created_at": int(time.time()), "metadata": body.get("metadata")}
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": body.get("endpoint"),
+            "input_file_id": body.get("input_file_id"),
+            "completion_window": "24h",
+            "status": "completed",
+            "output_file_id": output,
+            "error_file_id": None,
+            "created_at": int(time.time()),
+            "metadata": body.get("metadata"),
+        }
         return self._json(self.batches[batch_id])
 
     async def get_batch(self, request: web.Request) -> web.StreamResponse:
@@ -395,15 +585,29 @@ class MockObjects:
     # responses
     def _response(self, body: dict, response_id: str, status: str) -> dict:
         text = "Hello from the mock"
-        return {"id": response_id, "object": "response", "created_at": int(time.time()),
-                "status": status, "model": body.get("model"),
-                "previous_response_id": body.get("previous_response_id"),
-                "output": [] if status != "completed" else [{
-                    "type": "message", "id": "msg_" + response_id, "status": "completed",
+        return {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
+            "model": body.get("model"),
+            "previous_response_id": body.get("previous_response_id"),
+            "output": []
+            if status != "completed"
+            else [
+                {
+                    "type": "message",
+                    "id": "msg_" + response_id,
+                    "status": "completed",
                     "role": "assistant",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-                "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
-                "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await self._record(request) or b"{}")
@@ -417,23 +621,31 @@ class MockObjects:
                 return gated
             self.responses[response_id] = self._response(body, response_id, "completed")
             return self._json(self.responses[response_id])
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream",
-                                           **self.behaviour.object_headers})
+        resp = web.StreamResponse(
+            headers={"content-type": "text/event-stream", **self.behaviour.object_headers}
+        )
         await resp.prepare(request)
 
         async def event(name: str, data: dict) -> None:
-            await resp.write(f"event: {name}\n".encode() + b"data: "
-                             + orjson.dumps({"type": name, **data}) + b"\n\n")
+            await resp.write(
+                f"event: {name}\n".encode()
+                + b"data: "
+                + orjson.dumps({"type": name, **data})
+                + b"\n\n"
+            )
 
         try:
-            await event("response.created",
-                        {"response": self._response(body, response_id, "in_progress")})
+            await event(
+                "response.created", {"response": self._response(body, response_id, "in_progress")}
+            )
             if self.behaviour.hang_s and await self.upstream._client_left_during(
-                    request, self.behaviour.hang_s):
+                request, self.behaviour.hang_s
+            ):
                 return resp
             if self.behaviour.huge_event_bytes:
-                await event("response.output_text.delta",
-                            {"delta": "x" * self.behaviour.huge_event_bytes})
+                await event(
+                    "response.output_text.delta", {"delta": "x" * self.behaviour.huge_event_bytes}
+                )
             for word in ("Hello", " from", " the mock"):
                 await event("response.output_text.delta", {"delta": word, "output_index": 0})
             self.responses[response_id] = self._response(body, response_id, "completed")
@@ -461,9 +673,15 @@ class MockObjects:
         response_id = request.match_info["id"]
         if response_id not in self.responses:
             return self._missing("response")
-        items = [{"id": f"msg_in_{response_id}", "type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": str(x)}]}
-                 for x in self.inputs.get(response_id, [])]
+        items = [
+            {
+                "id": f"msg_in_{response_id}",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": str(x)}],
+            }
+            for x in self.inputs.get(response_id, [])
+        ]
         return self._list(items)
 
 
@@ -477,7 +695,7 @@ class ThreadedServer:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
 
-    def __enter__(self) -> "ThreadedServer":
+    def __enter__(self) -> ThreadedServer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
         return self
@@ -509,11 +727,15 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--gap-ms", type=float, default=5)
     args = parser.parse_args()
-    mock = MockUpstream(MockBehaviour(first_delay_s=args.first_ms / 1000, chunks=args.chunks,
-                                      gap_s=args.gap_ms / 1000))
+    mock = MockUpstream(
+        MockBehaviour(
+            first_delay_s=args.first_ms / 1000, chunks=args.chunks, gap_s=args.gap_ms / 1000
+        )
+    )
     mock.requests = _Discard()
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

@@ -21,8 +21,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cache_hit import conversation, paragraph  # noqa: E402
-from policies import DEFAULT_POLICIES, PolicyContext, build_chain, clear_caches, count_request_tokens  # noqa: E402
+from bench.cache_hit import conversation, paragraph
+from policies import (
+    DEFAULT_POLICIES,
+    PolicyContext,
+    build_chain,
+    clear_caches,
+    count_request_tokens,
+)
 
 TARGET_P50_MS = 2.0
 TARGET_TOKENS = 30_000
@@ -31,9 +37,13 @@ NEXT_TURN_RUNS = 200
 TIME_LIMIT_S = 60.0
 RESULTS = Path(__file__).resolve().parent / "results" / "policy_overhead.json"
 OPT_INS = {
-    "SLIM_MINIFY_JSON": "true", "SLIM_DEDUPE_PASSAGES": "true", "SLIM_MAX_PROMPT_TOKENS": "100000",
-    "CANONICALIZE_SORT_TOOLS": "true", "CANONICALIZE_SORT_SCHEMA_KEYS": "true",
-    "CANONICALIZE_VOLATILE": "true", "CANONICALIZE_SORT_PASSAGES": "true",
+    "SLIM_MINIFY_JSON": "true",
+    "SLIM_DEDUPE_PASSAGES": "true",
+    "SLIM_MAX_PROMPT_TOKENS": "100000",
+    "CANONICALIZE_SORT_TOOLS": "true",
+    "CANONICALIZE_SORT_SCHEMA_KEYS": "true",
+    "CANONICALIZE_VOLATILE": "true",
+    "CANONICALIZE_SORT_PASSAGES": "true",
 }
 
 
@@ -42,8 +52,14 @@ def percentile(samples: list[float], share: float) -> float:
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)]
 
 
-def measure(chain, raw_bodies: list[bytes], ctx: PolicyContext, cold: bool, deadline: float,
-            transform_only: bool = False) -> list[float]:
+def measure(
+    chain,
+    raw_bodies: list[bytes],
+    ctx: PolicyContext,
+    cold: bool,
+    deadline: float,
+    transform_only: bool = False,
+) -> list[float]:
     """Milliseconds per request. `transform_only` times what the gateway does before it sends
     the body upstream; token counts and fingerprints (`measure`) run while the upstream works."""
     run = chain.transform if transform_only else chain.apply
@@ -67,15 +83,19 @@ def main() -> int:
     turns = []
     for index in range(NEXT_TURN_RUNS):
         # the session's history (seen before) plus one new turn (never seen): the next request
-        new_turn = [{"role": "assistant", "content": paragraph(rng, 40)},
-                    {"role": "user", "content": f"Turn {index}: " + paragraph(rng, 30)}]
+        new_turn = [
+            {"role": "assistant", "content": paragraph(rng, 40)},
+            {"role": "user", "content": f"Turn {index}: " + paragraph(rng, 30)},
+        ]
         turns.append(orjson.dumps({**base, "messages": base["messages"] + new_turn}))
     tokens = count_request_tokens(orjson.loads(turns[0]))
     first = orjson.dumps(conversation(random.Random(7), TARGET_TOKENS + 3_000))
     deadline = time.perf_counter() + TIME_LIMIT_S
     rows = []
-    chains = (("default", build_chain(DEFAULT_POLICIES, {})),
-              ("opt-ins", build_chain(DEFAULT_POLICIES, OPT_INS)))
+    chains = (
+        ("default", build_chain(DEFAULT_POLICIES, {})),
+        ("opt-ins", build_chain(DEFAULT_POLICIES, OPT_INS)),
+    )
     for stage, transform_only in (("full", False), ("transform", True)):
         for label, chain in chains:
             cold = measure(chain, [first] * FIRST_SEEN_RUNS, ctx, True, deadline, transform_only)
@@ -83,25 +103,49 @@ def main() -> int:
             chain.apply(orjson.loads(orjson.dumps(base)), ctx)  # the session's previous request
             warm = measure(chain, turns, ctx, False, deadline, transform_only)
             for case, samples in (("first seen", cold), ("next turn", warm)):
-                rows.append({"chain": label, "stage": stage, "case": case, "runs": len(samples),
-                             "p50_ms": statistics.median(samples),
-                             "p95_ms": percentile(samples, 0.95),
-                             "mean_ms": statistics.fmean(samples)})
-    print(f"conversation: {tokens} prompt tokens, {len(orjson.loads(turns[0])['messages'])} messages")
-    print("stage 'full' = transform + token counts + fingerprints; 'transform' = the part that "
-          "runs before the gateway sends the body upstream")
-    print(f"{'chain':<9} {'stage':<10} {'case':<11} {'runs':>5} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}")
+                rows.append(
+                    {
+                        "chain": label,
+                        "stage": stage,
+                        "case": case,
+                        "runs": len(samples),
+                        "p50_ms": statistics.median(samples),
+                        "p95_ms": percentile(samples, 0.95),
+                        "mean_ms": statistics.fmean(samples),
+                    }
+                )
+    print(
+        f"conversation: {tokens} prompt tokens, {len(orjson.loads(turns[0])['messages'])} messages"
+    )
+    print(
+        "stage 'full' = transform + token counts + fingerprints; 'transform' = the part that "
+        "runs before the gateway sends the body upstream"
+    )
+    print(
+        f"{'chain':<9} {'stage':<10} {'case':<11} {'runs':>5} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
+    )
     for row in rows:
-        print(f"{row['chain']:<9} {row['stage']:<10} {row['case']:<11} {row['runs']:>5} {row['p50_ms']:>8.3f} "
-              f"{row['p95_ms']:>8.3f} {row['mean_ms']:>8.3f}")
-    target = next(r for r in rows if r["chain"] == "default" and r["case"] == "next turn"
-                  and r["stage"] == "full")
+        print(
+            f"{row['chain']:<9} {row['stage']:<10} {row['case']:<11} {row['runs']:>5} {row['p50_ms']:>8.3f} "
+            f"{row['p95_ms']:>8.3f} {row['mean_ms']:>8.3f}"
+        )
+    target = next(
+        r
+        for r in rows
+        if r["chain"] == "default" and r["case"] == "next turn" and r["stage"] == "full"
+    )
     passed = target["p50_ms"] < TARGET_P50_MS
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"prompt_tokens": tokens, "target_p50_ms": TARGET_P50_MS,
-                                   "rows": rows, "pass": passed}, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {"prompt_tokens": tokens, "target_p50_ms": TARGET_P50_MS, "rows": rows, "pass": passed},
+            indent=2,
+        )
+    )
     verdict = "PASS" if passed else "FAIL"
-    print(f"{verdict}: default chain, next turn, p50 {target['p50_ms']:.3f} ms (target < {TARGET_P50_MS} ms)")
+    print(
+        f"{verdict}: default chain, next turn, p50 {target['p50_ms']:.3f} ms (target < {TARGET_P50_MS} ms)"
+    )
     print(f"wrote {RESULTS}")
     return 0 if passed else 1
 

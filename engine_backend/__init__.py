@@ -10,5 +10,12 @@ from engine_backend.demo import build_demo_model
 from engine_backend.openai_api import EngineRequestError, LocalEngine
 from engine_backend.sampling import SamplingParams
 
-__all__ = ["EngineClosedError", "EngineConfig", "EngineRequestError", "LocalEngine",
-           "RequestFailedError", "SamplingParams", "build_demo_model"]
+__all__ = [
+    "EngineClosedError",
+    "EngineConfig",
+    "EngineRequestError",
+    "LocalEngine",
+    "RequestFailedError",
+    "SamplingParams",
+    "build_demo_model",
+]

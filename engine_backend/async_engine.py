@@ -87,13 +87,13 @@ class RequestStream:
     """Async iterator over one request's outputs. Closing it early aborts the request,
     which frees its KV blocks in the engine at once."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, queue: asyncio.Queue) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue) -> None:
         self._engine = engine
         self.request_id = request_id
         self._queue = queue
         self._done = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
@@ -141,8 +141,7 @@ class AsyncEngine:
             if self.is_running:
                 return
             self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="firsttoken-engine",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name="firsttoken-engine", daemon=True)
             self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -155,9 +154,15 @@ class AsyncEngine:
                 logger.warning("engine thread did not stop within %.0f s", timeout)
             self._thread = None
 
-    async def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
-                          stop: list[str] | None = None, cache_salt: str | None = None,
-                          request_id: str | None = None) -> RequestStream:
+    async def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        stop: list[str] | None = None,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
         """Hand a request to the engine and wait until it accepts it.
 
         Waiting for acceptance costs no first-token time (a token needs a step after
@@ -172,12 +177,17 @@ class AsyncEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         accepted: asyncio.Future = loop.create_future()
-        detokenizer = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
-                       if self.tokenizer is not None else None)
-        tracked = _Tracked(loop=loop, queue=queue, detokenizer=detokenizer,
-                           stop=[s for s in (stop or []) if s])
-        self._post("add", (request_id, list(prompt_token_ids), params, cache_salt, tracked,
-                           accepted))
+        detokenizer = (
+            IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+            if self.tokenizer is not None
+            else None
+        )
+        tracked = _Tracked(
+            loop=loop, queue=queue, detokenizer=detokenizer, stop=[s for s in (stop or []) if s]
+        )
+        self._post(
+            "add", (request_id, list(prompt_token_ids), params, cache_salt, tracked, accepted)
+        )
         try:
             await accepted
         except asyncio.CancelledError:
@@ -226,8 +236,15 @@ class AsyncEngine:
             else:
                 self._abort_now(payload)
 
-    def _accept(self, request_id: str, prompt: list[int], params: SamplingParams,
-                cache_salt: str | None, tracked: _Tracked, accepted: asyncio.Future) -> None:
+    def _accept(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        tracked: _Tracked,
+        accepted: asyncio.Future,
+    ) -> None:
         error: BaseException | None = None
         try:
             self.engine.add_request(request_id, prompt, params, cache_salt=cache_salt)
@@ -262,8 +279,9 @@ class AsyncEngine:
             return
         if getattr(out, "error", None) is not None:  # the engine already dropped it
             self._tracked.pop(out.request_id, None)
-            self._call_in_loop(tracked.loop, tracked.queue.put_nowait,
-                               RequestFailedError(out.error))
+            self._call_in_loop(
+                tracked.loop, tracked.queue.put_nowait, RequestFailedError(out.error)
+            )
             return
         tracked.num_output_tokens += len(out.new_token_ids)
         tracked.num_cached_tokens = out.num_cached_tokens
@@ -283,14 +301,20 @@ class AsyncEngine:
                 finished, reason = True, "stop"
             elif not finished:
                 end -= _stop_hold_back(tracked.text, tracked.stop)
-        text = tracked.text[tracked.sent:end]
+        text = tracked.text[tracked.sent : end]
         tracked.sent = max(tracked.sent, end)
         if finished:
             self._tracked.pop(out.request_id, None)
         result = RequestOutput(
-            request_id=out.request_id, text=text, token_ids=list(out.new_token_ids),
-            finished=finished, finish_reason=reason, num_prompt_tokens=out.num_prompt_tokens,
-            num_cached_tokens=out.num_cached_tokens, num_output_tokens=tracked.num_output_tokens)
+            request_id=out.request_id,
+            text=text,
+            token_ids=list(out.new_token_ids),
+            finished=finished,
+            finish_reason=reason,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_cached_tokens=out.num_cached_tokens,
+            num_output_tokens=tracked.num_output_tokens,
+        )
         self._call_in_loop(tracked.loop, tracked.queue.put_nowait, result)
 
     @staticmethod

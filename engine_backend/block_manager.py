@@ -35,7 +35,7 @@ def chain_root(cache_salt: str | None) -> bytes:
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+    __slots__ = ("block_hash", "block_id", "ref_count", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id

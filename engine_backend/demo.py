@@ -86,9 +86,12 @@ def build_byte_level_tokenizer(vocab_size: int = 512) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(_TRAINING_TEXT.split("\n"), trainer)
     return tokenizer
 
@@ -104,8 +107,10 @@ def _random_llama_weights(config: dict, spec: RandomModelSpec) -> dict[str, torc
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) * 0.02).to(dtype)
 
-    weights = {"model.embed_tokens.weight": normal(vocab, hidden),
-               "model.norm.weight": torch.ones(hidden, dtype=dtype)}
+    weights = {
+        "model.embed_tokens.weight": normal(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden, dtype=dtype),
+    }
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}."
         weights[p + "self_attn.q_proj.weight"] = normal(q_out, hidden)
@@ -164,12 +169,18 @@ def write_random_model(path: str, spec: RandomModelSpec = RandomModelSpec()) -> 
         "clean_up_tokenization_spaces": False,
     }
     generation_config = {"bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[IM_END]]}
-    for name, content in (("config.json", config), ("tokenizer_config.json", tokenizer_config),
-                          ("generation_config.json", generation_config)):
+    for name, content in (
+        ("config.json", config),
+        ("tokenizer_config.json", tokenizer_config),
+        ("generation_config.json", generation_config),
+    ):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(content, f, indent=2)
-    save_file(_random_llama_weights(config, spec), os.path.join(path, "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        _random_llama_weights(config, spec),
+        os.path.join(path, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def default_cache_dir() -> str:
@@ -180,8 +191,9 @@ def default_cache_dir() -> str:
     return root
 
 
-def build_demo_model(cache_dir: str | None = None,
-                     spec: RandomModelSpec = RandomModelSpec()) -> str:
+def build_demo_model(
+    cache_dir: str | None = None, spec: RandomModelSpec = RandomModelSpec()
+) -> str:
     """Return the path of the demo model folder, writing it on first use.
 
     The folder name is a hash of the spec, so a changed shape never reuses a stale
@@ -189,8 +201,9 @@ def build_demo_model(cache_dir: str | None = None,
     process never leaves a half-written model behind.
     """
     root = cache_dir or default_cache_dir()
-    key = hashlib.sha256(json.dumps({"v": FORMAT_VERSION, **asdict(spec)},
-                                    sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps({"v": FORMAT_VERSION, **asdict(spec)}, sort_keys=True).encode()
+    ).hexdigest()[:16]
     path = os.path.join(root, f"demo-{key}")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path

@@ -181,7 +181,9 @@ class LLMEngine:
                     (first_position, logits.float().cpu())
                 )
         self.scheduler.advance(batch)
-        for seq, token in zip(result.sampled, self._sample(result.sampled, result.logits)):
+        for seq, token in zip(
+            result.sampled, self._sample(result.sampled, result.logits), strict=False
+        ):
             if isinstance(token, Exception):
                 outputs.append(self._fail(seq, f"sampling failed ({type(token).__name__})"))
                 continue
@@ -205,8 +207,11 @@ class LLMEngine:
         picked: list[int | Exception] = []
         for row, seq in enumerate(seqs):
             try:
-                picked.append(self.sampler.sample(
-                    logits[row:row + 1], params[row:row + 1], generators[row:row + 1])[0])
+                picked.append(
+                    self.sampler.sample(
+                        logits[row : row + 1], params[row : row + 1], generators[row : row + 1]
+                    )[0]
+                )
             except Exception as exc:
                 logger.exception("sampling request %s failed", seq.request_id)
                 picked.append(exc)
@@ -251,7 +256,7 @@ class LLMEngine:
             raise ValueError("need one SamplingParams per prompt")
         ids = [f"generate-{next(_generate_ids)}" for _ in prompts]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params):
+            for request_id, prompt, p in zip(ids, prompts, params, strict=False):
                 self.add_request(request_id, prompt, p)
         except ValueError:
             for request_id in ids:
@@ -262,7 +267,9 @@ class LLMEngine:
         remaining = set(ids)
         errors: list[str] = []
         # Every step computes at least one token: a working engine never reaches this bound.
-        max_steps = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params)) * 16 + 1000
+        max_steps = (
+            sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params, strict=False)) * 16 + 1000
+        )
         for _ in range(max_steps):
             if not remaining:
                 break

@@ -121,11 +121,11 @@ def reject_unsupported(body: dict) -> None:
         if not isinstance(bias, dict):
             raise EngineRequestError("'logit_bias' must be an object", "logit_bias")
         if bias:
-            raise EngineRequestError("'logit_bias' is not supported by the local engine",
-                                     "logit_bias")
+            raise EngineRequestError(
+                "'logit_bias' is not supported by the local engine", "logit_bias"
+            )
     if integer(body, "min_tokens", 0, 2**63 - 1):
-        raise EngineRequestError("'min_tokens' is not supported by the local engine",
-                                 "min_tokens")
+        raise EngineRequestError("'min_tokens' is not supported by the local engine", "min_tokens")
 
 
 def stop_strings(body: dict) -> list[str]:
@@ -139,8 +139,7 @@ def stop_strings(body: dict) -> list[str]:
     if len(stop) > MAX_STOP_STRINGS:
         raise EngineRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stop):
-        raise EngineRequestError(f"a stop string has at most {MAX_STOP_CHARS} characters",
-                                 "stop")
+        raise EngineRequestError(f"a stop string has at most {MAX_STOP_CHARS} characters", "stop")
     return [s for s in stop if s]
 
 
@@ -153,8 +152,9 @@ def include_usage(body: dict) -> bool:
         raise EngineRequestError("'stream_options' must be an object", "stream_options")
     value = options.get("include_usage")
     if value is not None and not isinstance(value, bool):
-        raise EngineRequestError("'stream_options.include_usage' must be a boolean",
-                                 "stream_options")
+        raise EngineRequestError(
+            "'stream_options.include_usage' must be a boolean", "stream_options"
+        )
     return bool(value)
 
 
@@ -165,7 +165,8 @@ def cache_salt(body: dict) -> str | None:
     if not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT_CHARS:
         raise EngineRequestError(
             f"'cache_salt' must be a string of at most {MAX_CACHE_SALT_CHARS} characters",
-            "cache_salt")
+            "cache_salt",
+        )
     return salt
 
 
@@ -180,15 +181,16 @@ def _message_text(content: Any, index: int) -> str | None:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise EngineRequestError(
                     f"messages[{index}]: content part {kind!r} is not supported (text only)",
-                    "messages")
+                    "messages",
+                )
             text = part.get("text", "")
             if not isinstance(text, str):
-                raise EngineRequestError(f"messages[{index}]: a text part's 'text' must be a "
-                                         "string", "messages")
+                raise EngineRequestError(
+                    f"messages[{index}]: a text part's 'text' must be a string", "messages"
+                )
             texts.append(text)
         return "".join(texts)
-    raise EngineRequestError(f"messages[{index}].content must be a string or a list",
-                             "messages")
+    raise EngineRequestError(f"messages[{index}].content must be a string or a list", "messages")
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -199,16 +201,17 @@ def chat_messages(body: dict) -> list[dict]:
     normalized = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise EngineRequestError(f"messages[{i}] must be an object with a 'role'",
-                                     "messages")
+            raise EngineRequestError(f"messages[{i}] must be an object with a 'role'", "messages")
         for key in ("name", "tool_call_id"):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise EngineRequestError(f"messages[{i}].{key} must be a string", "messages")
         calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list)
-                                      and all(isinstance(c, dict) for c in calls)):
-            raise EngineRequestError(f"messages[{i}].tool_calls must be a list of objects",
-                                     "messages")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+        ):
+            raise EngineRequestError(
+                f"messages[{i}].tool_calls must be a list of objects", "messages"
+            )
         normalized.append({**message, "content": _message_text(message.get("content"), i)})
     return normalized
 
@@ -227,12 +230,12 @@ def tools(body: dict) -> list[dict] | None:
         if function is None:
             continue
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise EngineRequestError(f"tools[{i}].function must be an object with a 'name'",
-                                     "tools")
+            raise EngineRequestError(
+                f"tools[{i}].function must be an object with a 'name'", "tools"
+            )
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
-            raise EngineRequestError(f"tools[{i}].function.parameters must be an object",
-                                     "tools")
+            raise EngineRequestError(f"tools[{i}].function.parameters must be an object", "tools")
     return value or None
 
 
@@ -242,16 +245,17 @@ def template_kwargs(body: dict) -> tuple[dict, bool]:
     if extra is None:
         return {}, True
     if not isinstance(extra, dict):
-        raise EngineRequestError("'chat_template_kwargs' must be an object",
-                                 "chat_template_kwargs")
+        raise EngineRequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     reserved = RESERVED_TEMPLATE_KWARGS.intersection(extra)
     if reserved:
         raise EngineRequestError(
             f"chat_template_kwargs may not set {sorted(reserved)[0]!r} (send tools in 'tools')",
-            "chat_template_kwargs")
+            "chat_template_kwargs",
+        )
     extra = dict(extra)
     generation_prompt = extra.pop("add_generation_prompt", True)
     if not isinstance(generation_prompt, bool):
-        raise EngineRequestError("chat_template_kwargs.add_generation_prompt must be a boolean",
-                                 "chat_template_kwargs")
+        raise EngineRequestError(
+            "chat_template_kwargs.add_generation_prompt must be a boolean", "chat_template_kwargs"
+        )
     return extra, generation_prompt

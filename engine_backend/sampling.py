@@ -51,8 +51,9 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
             raise ValueError(f"top_k must be in [0, {MAX_TOP_K}] (0 disables it)")
-        if self.seed is not None and (not _is_int(self.seed)
-                                      or not MIN_SEED <= self.seed <= MAX_SEED):
+        if self.seed is not None and (
+            not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED
+        ):
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}]")
 
     @property

@@ -29,11 +29,19 @@ logger = logging.getLogger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
     """An error in OpenAI's shape, so SDKs raise their usual exception classes."""
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param,
-                                   "code": code}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        status_code=status,
+    )
 
 
 def _sse(payload: Any) -> bytes:
@@ -64,8 +72,9 @@ def engine_error_response(exc: Exception) -> Response:
     if isinstance(exc, EngineRequestError):
         return error_response(400, exc.message, param=exc.param)
     if isinstance(exc, EngineClosedError):
-        return error_response(503, "the engine is not running", type_="server_error",
-                              code="engine_closed")
+        return error_response(
+            503, "the engine is not running", type_="server_error", code="engine_closed"
+        )
     logger.error("request failed in the engine: %s", exc)
     return error_response(500, f"engine error: {exc}", type_="server_error")  # our own message
 
@@ -93,8 +102,9 @@ async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
             else:
                 logger.exception("stream failed")
                 message = f"engine error: {type(e).__name__}"
-            yield _sse({"error": {"message": message, "type": "server_error", "param": None,
-                                  "code": None}})
+            yield _sse(
+                {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+            )
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
         yield b"data: [DONE]\n\n"
@@ -112,6 +122,7 @@ def _endpoint(engine: LocalEngine, stream_fn: Callable, full_fn: Callable) -> Ca
             return JSONResponse(await full_fn(body, tenant=tenant))
         except (EngineRequestError, EngineClosedError, RequestFailedError) as e:
             return engine_error_response(e)
+
     return handle
 
 
@@ -125,13 +136,18 @@ def create_app(engine: LocalEngine) -> Starlette:
         for card in engine.model_cards():
             if card["id"] == request.path_params["model_id"]:
                 return JSONResponse(card)
-        return error_response(404, f"model {request.path_params['model_id']!r} not found",
-                              param="model", code="model_not_found")
+        return error_response(
+            404,
+            f"model {request.path_params['model_id']!r} not found",
+            param="model",
+            code="model_not_found",
+        )
 
     async def health(request: Request) -> Response:
         running = engine.async_engine.is_running
-        return JSONResponse({"status": "ok" if running else "stopped"},
-                            status_code=200 if running else 503)
+        return JSONResponse(
+            {"status": "ok" if running else "stopped"}, status_code=200 if running else 503
+        )
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return error_response(exc.status_code, exc.detail or "error", code=str(exc.status_code))
@@ -148,61 +164,94 @@ def create_app(engine: LocalEngine) -> Starlette:
             await engine.aclose()
 
     routes = [
-        Route("/v1/chat/completions", _endpoint(engine, engine.chat_completion_stream,
-                                                engine.chat_completion), methods=["POST"]),
-        Route("/v1/completions", _endpoint(engine, engine.completion_stream,
-                                           engine.completion), methods=["POST"]),
+        Route(
+            "/v1/chat/completions",
+            _endpoint(engine, engine.chat_completion_stream, engine.chat_completion),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/completions",
+            _endpoint(engine, engine.completion_stream, engine.completion),
+            methods=["POST"],
+        ),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/healthz", health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="firsttoken engine",
-        description="Serve a model with firsttoken's engine on an OpenAI-compatible API.")
+        description="Serve a model with firsttoken's engine on an OpenAI-compatible API.",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="model folder or Hugging Face id")
-    source.add_argument("--demo", action="store_true",
-                        help="the built-in demo model (random weights, for trying things)")
+    source.add_argument(
+        "--demo",
+        action="store_true",
+        help="the built-in demo model (random weights, for trying things)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: auto)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="token budget per step (chunked prefill)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (chunked prefill)",
+    )
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--isolate-tenants", action="store_true",
-                        help="never share prefix-cache blocks between API keys")
+    parser.add_argument(
+        "--isolate-tenants",
+        action="store_true",
+        help="never share prefix-cache blocks between API keys",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_kwargs = {name: value for name, value in (
-        ("max_num_batched_tokens", args.max_num_batched_tokens),
-        ("block_size", args.block_size), ("num_blocks", args.num_blocks),
-        ("max_model_len", args.max_model_len)) if value is not None}
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine_kwargs = {
+        name: value
+        for name, value in (
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("block_size", args.block_size),
+            ("num_blocks", args.num_blocks),
+            ("max_model_len", args.max_model_len),
+        )
+        if value is not None
+    }
     try:
-        engine = LocalEngine.from_model(args.model, demo=args.demo, device=args.device,
-                                        dtype=args.dtype, isolate_tenants=args.isolate_tenants,
-                                        **engine_kwargs)
+        engine = LocalEngine.from_model(
+            args.model,
+            demo=args.demo,
+            device=args.device,
+            dtype=args.dtype,
+            isolate_tenants=args.isolate_tenants,
+            **engine_kwargs,
+        )
     except (ValueError, OSError) as e:
         print(f"firsttoken engine: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
     logger.info("serving %s on http://%s:%d/v1", engine.model_name, args.host, args.port)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port,
-                log_level=args.log_level.lower())
+    uvicorn.run(
+        create_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower()
+    )
     return 0
 
 

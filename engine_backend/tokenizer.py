@@ -48,11 +48,17 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = False,
+) -> str:
     # jinja2's own tojson escapes <, >, & for HTML; chat templates want plain JSON.
-    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
-                      ensure_ascii=ensure_ascii)
+    return json.dumps(
+        value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii
+    )
 
 
 def _load_chat_template(model_dir: str, config: dict) -> str | None:
@@ -106,8 +112,14 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """Render a conversation to the prompt text the model was trained on.
 
         Raises ChatTemplateError when the model has no template or the template refuses
@@ -116,8 +128,9 @@ class Tokenizer:
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template; use /v1/completions")
         if self._compiled_template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
@@ -141,12 +154,19 @@ class Tokenizer:
         except Exception as e:  # any value the request supplied may break any template line
             raise ChatTemplateRenderError(f"chat template failed: {type(e).__name__}: {e}") from e
 
-    def encode_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> list[int]:
         # The template writes special tokens (BOS included) as text; adding them again
         # would double the BOS, which is what Hugging Face also avoids here.
-        text = self.apply_chat_template(messages, tools=tools,
-                                        add_generation_prompt=add_generation_prompt, **kwargs)
+        text = self.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+        )
         return self.encode(text, add_special_tokens=False)
 
 
@@ -158,8 +178,12 @@ class IncrementalDetokenizer:
     client never sees half a character. Each step decodes only a short window of ids.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] | None = None,
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int] | None = None,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._ids: list[int] = list((prompt_token_ids or [])[-DETOKENIZE_CONTEXT_TOKENS:])
@@ -172,17 +196,17 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         """Append new ids; return the text that is now complete (may be empty)."""
         self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(self._ids[self._prefix_offset:])
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset :])
         if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """At the end of a sequence, return whatever was held back, complete or not."""
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(self._ids[self._prefix_offset:])
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
-        return full_text[len(prefix_text):] if len(full_text) > len(prefix_text) else ""
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""

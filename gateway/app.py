@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import orjson
 from starlette.applications import Starlette
@@ -27,8 +27,9 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
-def create_app(settings: Settings | None = None,
-               environ: Mapping[str, str] | None = None) -> "HotPath":
+def create_app(
+    settings: Settings | None = None, environ: Mapping[str, str] | None = None
+) -> HotPath:
     settings = settings or load_settings()
     gateway = Gateway(settings, environ)
 
@@ -51,8 +52,14 @@ def create_app(settings: Settings | None = None,
     async def readyz(request: Request) -> Response:
         ready = gateway.ready()
         # A degraded telemetry store is reported, not fatal: requests flow without it.
-        return json_response({"ready": ready, "routes": gateway.route_states(),
-                              "telemetry": gateway.telemetry.health()}, 200 if ready else 503)
+        return json_response(
+            {
+                "ready": ready,
+                "routes": gateway.route_states(),
+                "telemetry": gateway.telemetry.health(),
+            },
+            200 if ready else 503,
+        )
 
     async def other_v1(request: Request) -> Response:
         return await passthrough(request, gateway)  # auth, path checks and errors inside
@@ -72,19 +79,25 @@ def create_app(settings: Settings | None = None,
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *metrics_endpoints(gateway),
-        Route("/v1/{path:path}", other_v1,
-              methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+        Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: internal_error})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+    )
     app.state.gateway = gateway
     return HotPath(app, gateway)
 
 
 # With or without a trailing slash: the variant must not slip past validation, policies and
 # telemetry into passthrough.
-HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/chat/completions/": "chat",
-             "/v1/completions": "completions", "/v1/completions/": "completions"}
+HOT_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/chat/completions/": "chat",
+    "/v1/completions": "completions",
+    "/v1/completions/": "completions",
+}
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -94,8 +107,12 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
         allow = ", ".join(sorted(m.strip() for m in allowed.split(",") if m.strip()))
         return method_not_allowed(request.method, request.url.path, allow)
     if exc.status_code == 404:
-        return GatewayError(404, f"Invalid URL ({request.method} {_shown(request.url.path)}).",
-                            type="invalid_request_error", code="unknown_url").to_response()
+        return GatewayError(
+            404,
+            f"Invalid URL ({request.method} {_shown(request.url.path)}).",
+            type="invalid_request_error",
+            code="unknown_url",
+        ).to_response()
     return GatewayError(exc.status_code, exc.detail, type="invalid_request_error").to_response()
 
 
@@ -106,9 +123,12 @@ async def internal_error(request: Request, exc: Exception) -> Response:
 
 def method_not_allowed(method: str, path: str, allow: str) -> Response:
     response = GatewayError(
-        405, f"Method {method} is not allowed on {_shown(path)}"
-             + (f"; allowed: {allow}." if allow else "."),
-        type="invalid_request_error", code="method_not_allowed").to_response()
+        405,
+        f"Method {method} is not allowed on {_shown(path)}"
+        + (f"; allowed: {allow}." if allow else "."),
+        type="invalid_request_error",
+        code="method_not_allowed",
+    ).to_response()
     if allow:
         response.headers["allow"] = allow
     return response
@@ -164,8 +184,10 @@ async def list_models(gateway: Gateway) -> list[dict]:
         patterns = [name for name in route.models if any(ch in name for ch in "*?[")]
         for name in (*route.models, *route.model_map):
             if name not in patterns:
-                seen.setdefault(name, {"id": name, "object": "model", "created": created,
-                                       "owned_by": route.name})
+                seen.setdefault(
+                    name,
+                    {"id": name, "object": "model", "created": created, "owned_by": route.name},
+                )
         if patterns and route.kind in ("openai", "anthropic"):
             for card in await upstream.model_cards():
                 if route.matches(card["id"]):

@@ -28,7 +28,9 @@ def parse_tenant_keys(value: str, variable: str = "FIRSTTOKEN_TENANT_KEYS") -> d
             continue
         tenant, sep, key = item.partition(":")
         if not sep or not tenant.strip() or not key.strip():
-            raise ValueError(f"{variable}: expected 'tenant:key' entries, got an entry without both parts")
+            raise ValueError(
+                f"{variable}: expected 'tenant:key' entries, got an entry without both parts"
+            )
         if tenant.strip() == "*":
             raise ValueError(f"{variable}: '*' is not a tenant name (it means all tenants)")
         table[_digest(key.strip())] = tenant.strip()
@@ -64,8 +66,9 @@ class KeyRing:
             return DEFAULT_TENANT
         key = bearer_key(request)
         if key is None:
-            raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
-                               code="missing_api_key")
+            raise GatewayError(
+                401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
+            )
         tenant = self._tenants.get(_digest(key))
         if tenant is None:
             raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")

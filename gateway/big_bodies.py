@@ -32,7 +32,7 @@ WORKER_NICE = 19  # a worker yields the CPU to the serving loop whenever both wa
 
 @dataclass(frozen=True)
 class RouteBody:
-    encoded: bytes              # the upstream request body
+    encoded: bytes  # the upstream request body
     upstream_model: str
 
 
@@ -44,8 +44,8 @@ class Prepared:
     stream: bool
     client_wants_usage: bool
     references: list[str]
-    bodies: dict[str, RouteBody]          # per route name of the chain
-    applied: list[str] | None              # None: no policy ran (or the chain failed)
+    bodies: dict[str, RouteBody]  # per route name of the chain
+    applied: list[str] | None  # None: no policy ran (or the chain failed)
     tokens_saved: int | None
     cache_key: str | None
     fingerprints: bytes | None
@@ -62,8 +62,9 @@ class Refused:
     code: str | None = None
 
     def error(self) -> GatewayError:
-        return GatewayError(self.status, self.message, type=self.type, param=self.param,
-                            code=self.code)
+        return GatewayError(
+            self.status, self.message, type=self.type, param=self.param, code=self.code
+        )
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class PreEncoded(dict):
         self.encoded = encoded
 
 
-def worker_init(settings_data: dict, routes_data: list[dict],
-                policy_environ: dict[str, str]) -> None:
+def worker_init(
+    settings_data: dict, routes_data: list[dict], policy_environ: dict[str, str]
+) -> None:
     """Build, once per worker, the settings, route table and policy chains it needs."""
     from gateway.policy_runner import PolicyRunner
     from gateway.routes import Route, RouteTable
@@ -98,8 +100,11 @@ def worker_init(settings_data: dict, routes_data: list[dict],
     _exit_with_parent()
     settings = Settings.model_construct(**settings_data)
     routes = [Route.model_validate(data) for data in routes_data]
-    _WORKER.update(settings=settings, table=RouteTable(routes),
-                   policies=PolicyRunner(settings, routes, policy_environ))
+    _WORKER.update(
+        settings=settings,
+        table=RouteTable(routes),
+        policies=PolicyRunner(settings, routes, policy_environ),
+    )
 
 
 def _exit_with_parent(poll_s: float = 1.0) -> None:
@@ -115,8 +120,14 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
-            find_refs: bool, fingerprints: bool) -> Prepared | Refused | NotHere:
+def prepare(
+    raw: bytes,
+    endpoint: str,
+    tenant: str,
+    policy_header: str | None,
+    find_refs: bool,
+    fingerprints: bool,
+) -> Prepared | Refused | NotHere:
     """In a worker: everything the loop would do with `raw` before the upstream call."""
     try:
         return _prepare(raw, endpoint, tenant, policy_header, find_refs, fingerprints)
@@ -124,13 +135,18 @@ def prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
         return Refused(exc.status, exc.message, exc.type, exc.param, exc.code)
 
 
-def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
-             find_refs: bool, fingerprints: bool) -> Prepared | NotHere:
-    from policies import PolicyContext
-
+def _prepare(
+    raw: bytes,
+    endpoint: str,
+    tenant: str,
+    policy_header: str | None,
+    find_refs: bool,
+    fingerprints: bool,
+) -> Prepared | NotHere:
     from gateway.ownership import find_references, might_reference
     from gateway.request_body import parse_request, upstream_body
     from gateway.upstreams.base import encode_body
+    from policies import PolicyContext
 
     settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
     body, model = parse_request(raw, endpoint, settings)
@@ -145,8 +161,9 @@ def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
     bodies, primary = {}, None
     for position, r in enumerate(chain):
         upstream_model = r.upstream_model(model)
-        ctx = PolicyContext(endpoint=endpoint, route_kind=r.kind, model=upstream_model,
-                            tenant=tenant)
+        ctx = PolicyContext(
+            endpoint=endpoint, route_kind=r.kind, model=upstream_model, tenant=tenant
+        )
         result = policies.apply(names, body, ctx)
         if position == 0:
             primary = result
@@ -154,8 +171,9 @@ def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
         try:
             encoded = encode_body(out)
         except Exception as exc:  # UpstreamError: the client's body cannot be written
-            raise GatewayError(400, getattr(exc, "message", str(exc)),
-                               code="invalid_body") from None
+            raise GatewayError(
+                400, getattr(exc, "message", str(exc)), code="invalid_body"
+            ) from None
         bodies[r.name] = RouteBody(encoded, upstream_model)
     tokens_saved = blob = None
     if primary is not None:
@@ -167,12 +185,16 @@ def _prepare(raw: bytes, endpoint: str, tenant: str, policy_header: str | None,
             tokens_saved = blob = None
     options = body.get("stream_options")
     return Prepared(
-        model=model, stream=stream,
+        model=model,
+        stream=stream,
         client_wants_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         references=find_references(body) if find_refs and might_reference(raw) else [],
-        bodies=bodies, applied=list(primary.applied) if primary is not None else None,
-        tokens_saved=tokens_saved, cache_key=primary.cache_key if primary is not None else None,
-        fingerprints=blob)
+        bodies=bodies,
+        applied=list(primary.applied) if primary is not None else None,
+        tokens_saved=tokens_saved,
+        cache_key=primary.cache_key if primary is not None else None,
+        fingerprints=blob,
+    )
 
 
 def dumps_settings(settings: Any) -> dict:

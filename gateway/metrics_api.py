@@ -28,22 +28,28 @@ MAX_TENANT_CHARS = 256
 def _window(request: Request) -> int:
     raw = request.query_params.get("window", "3600")
     # str.isdigit() accepts '²' and other digits int() refuses: ASCII digits only, few of them.
-    if (not raw.isascii() or not raw.isdigit() or len(raw) > 8
-            or not 0 < int(raw) <= MAX_WINDOW_S):
-        raise GatewayError(400, f"'window' must be an integer number of seconds in 1..{MAX_WINDOW_S}.",
-                           param="window")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 8 or not 0 < int(raw) <= MAX_WINDOW_S:
+        raise GatewayError(
+            400,
+            f"'window' must be an integer number of seconds in 1..{MAX_WINDOW_S}.",
+            param="window",
+        )
     return int(raw)
 
 
 def _asked_tenant(request: Request) -> str | None:
     asked = request.query_params.get("tenant")
     if asked is not None and not (0 < len(asked) <= MAX_TENANT_CHARS and asked.isprintable()):
-        raise GatewayError(400, f"'tenant' must be a tenant name of 1..{MAX_TENANT_CHARS} "
-                                "printable characters, or '*'.", param="tenant")
+        raise GatewayError(
+            400,
+            f"'tenant' must be a tenant name of 1..{MAX_TENANT_CHARS} "
+            "printable characters, or '*'.",
+            param="tenant",
+        )
     return asked
 
 
-def metrics_endpoints(gateway: "Gateway") -> list[Route]:
+def metrics_endpoints(gateway: Gateway) -> list[Route]:
     async def ttft(request: Request) -> Response:
         try:
             window = _window(request)
@@ -53,23 +59,35 @@ def metrics_endpoints(gateway: "Gateway") -> list[Route]:
             else:
                 tenant = gateway.keys.tenant_for(request)
                 if asked is not None and asked != tenant:
-                    raise GatewayError(403, "A tenant may read only its own metrics.",
-                                       param="tenant", code="forbidden_tenant")
+                    raise GatewayError(
+                        403,
+                        "A tenant may read only its own metrics.",
+                        param="tenant",
+                        code="forbidden_tenant",
+                    )
             report = await gateway.telemetry.report(tenant, window)
         except GatewayError as exc:
             return exc.to_response()
         except Exception as exc:  # the store is down: this endpoint degrades, serving does not
             log.warning("metrics store unavailable: %s", type(exc).__name__)
-            return GatewayError(503, "The metrics store is unavailable; try again shortly.",
-                                code="metrics_store_unavailable").to_response()
+            return GatewayError(
+                503,
+                "The metrics store is unavailable; try again shortly.",
+                code="metrics_store_unavailable",
+            ).to_response()
         return Response(orjson.dumps(report), media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if not gateway.keys.open and not gateway.keys.is_admin(request):
-            return GatewayError(401, "/metrics needs an admin key (FIRSTTOKEN_ADMIN_KEYS).",
-                                code="admin_key_required").to_response()
+            return GatewayError(
+                401,
+                "/metrics needs an admin key (FIRSTTOKEN_ADMIN_KEYS).",
+                code="admin_key_required",
+            ).to_response()
         body, content_type = gateway.telemetry.prometheus_exposition()
         return Response(body, media_type=None, headers={"content-type": content_type})
 
-    return [Route("/v1/metrics/ttft", ttft, methods=["GET"]),
-            Route("/metrics", prometheus, methods=["GET"])]
+    return [
+        Route("/v1/metrics/ttft", ttft, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]

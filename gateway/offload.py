@@ -15,8 +15,9 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from concurrent.futures import ProcessPoolExecutor
@@ -34,16 +35,23 @@ SWITCH_INTERVAL_S = 0.001
 
 
 class HeavyWork:
-    def __init__(self, min_bytes: int, workers: int = WORKERS, *, process_min_bytes: int = 0,
-                 process_workers: int = 0,
-                 process_init: tuple[Callable[..., None], tuple[Any, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        min_bytes: int,
+        workers: int = WORKERS,
+        *,
+        process_min_bytes: int = 0,
+        process_workers: int = 0,
+        process_init: tuple[Callable[..., None], tuple[Any, ...]] | None = None,
+    ) -> None:
         self.min_bytes = min_bytes
         self.process_min_bytes = process_min_bytes
         self._process_workers = process_workers
-        self._executor = ThreadPoolExecutor(max_workers=workers,
-                                            thread_name_prefix="firsttoken-heavy")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="firsttoken-heavy"
+        )
         self._process_init = process_init
-        self._processes: "ProcessPoolExecutor | None" = None  # started on the first big body
+        self._processes: ProcessPoolExecutor | None = None  # started on the first big body
         self._per_tenant: dict[str, asyncio.Semaphore] = {}
         self.jobs = 0  # jobs run so far (tests and diagnostics)
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
@@ -53,8 +61,11 @@ class HeavyWork:
         return body_bytes >= self.min_bytes
 
     def is_big(self, body_bytes: int) -> bool:
-        return (self._process_workers > 0 and self._process_init is not None
-                and body_bytes >= self.process_min_bytes)
+        return (
+            self._process_workers > 0
+            and self._process_init is not None
+            and body_bytes >= self.process_min_bytes
+        )
 
     async def run(self, tenant: str, fn: Callable[..., T], *args: object) -> T:
         """Run `fn(*args)` on the thread pool, one job per tenant at a time."""
@@ -73,8 +84,11 @@ class HeavyWork:
             if self._processes is pool:
                 self._processes = None
                 pool.shutdown(wait=False, cancel_futures=True)
-            raise GatewayError(503, "The gateway could not process this request body; "
-                                    "try again.", code="worker_failed") from None
+            raise GatewayError(
+                503,
+                "The gateway could not process this request body; try again.",
+                code="worker_failed",
+            ) from None
 
     def _new_pool(self) -> ProcessPoolExecutor:
         import multiprocessing  # only for a gateway that starts workers
@@ -82,8 +96,11 @@ class HeavyWork:
 
         init, initargs = self._process_init  # type: ignore[misc]
         self._processes = ProcessPoolExecutor(
-            max_workers=self._process_workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=init, initargs=initargs)
+            max_workers=self._process_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=init,
+            initargs=initargs,
+        )
         return self._processes
 
     async def start_processes(self) -> None:
@@ -99,8 +116,9 @@ class HeavyWork:
 
         await asyncio.to_thread(spawn_all)
 
-    async def _run(self, tenant: str, executor: Executor, fn: Callable[..., T],
-                   args: tuple[object, ...]) -> T:
+    async def _run(
+        self, tenant: str, executor: Executor, fn: Callable[..., T], args: tuple[object, ...]
+    ) -> T:
         semaphore = self._per_tenant.get(tenant)
         if semaphore is None:
             semaphore = self._per_tenant[tenant] = asyncio.Semaphore(1)
@@ -121,7 +139,8 @@ class HeavyWork:
         self.close()
         if pool is not None:
             try:
-                await asyncio.wait_for(asyncio.to_thread(pool.shutdown, True, cancel_futures=True),
-                                       timeout_s)
+                await asyncio.wait_for(
+                    asyncio.to_thread(pool.shutdown, True, cancel_futures=True), timeout_s
+                )
             except TimeoutError:
                 log.warning("a big-body worker was still busy at shutdown")

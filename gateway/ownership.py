@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Protocol
-
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.telemetry.keys import escape_name
@@ -37,12 +37,31 @@ log = logging.getLogger("firsttoken.ownership")
 
 # Body keys whose string values (or lists of strings) name objects. `conversation` may also be
 # {"id": ...}. Keys under `metadata` are the client's own names and are not read.
-REFERENCE_KEYS = frozenset({
-    "assistant_id", "batch_id", "container", "container_id", "conversation", "conversation_id",
-    "file_id", "file_ids", "input_file_id", "part_ids", "previous_response_id", "response_id",
-    "thread_id", "training_file", "upload_id", "validation_file", "vector_store_id",
-    "vector_store_ids", "eval_id", "video_id", "remix_video_id",
-})
+REFERENCE_KEYS = frozenset(
+    {
+        "assistant_id",
+        "batch_id",
+        "container",
+        "container_id",
+        "conversation",
+        "conversation_id",
+        "file_id",
+        "file_ids",
+        "input_file_id",
+        "part_ids",
+        "previous_response_id",
+        "response_id",
+        "thread_id",
+        "training_file",
+        "upload_id",
+        "validation_file",
+        "vector_store_id",
+        "vector_store_ids",
+        "eval_id",
+        "video_id",
+        "remix_video_id",
+    }
+)
 # Ids an owned object's answer hands to its owner: a batch's or fine-tuning job's output files,
 # the thread that `POST /v1/threads/runs` created.
 ADOPT_KEYS = ("output_file_id", "error_file_id", "result_files", "thread_id")
@@ -59,8 +78,8 @@ MAX_ID_CHARS = 256
 MAX_WALK_VALUES = 200_000
 MAX_REFERENCES = 1024
 STORE_TIMEOUT_S = 2.0
-MEMORY_MAX_OBJECTS = 100_000            # per tenant, in-process store only
-MEMORY_MAX_BYTES = 16 * 1024 * 1024     # per tenant, in-process store only
+MEMORY_MAX_OBJECTS = 100_000  # per tenant, in-process store only
+MEMORY_MAX_BYTES = 16 * 1024 * 1024  # per tenant, in-process store only
 
 
 def might_reference(raw: bytes) -> bool:
@@ -68,8 +87,13 @@ def might_reference(raw: bytes) -> bool:
 
     Every reference key contains `_id`, `_file`, `container` or `conversation`, and a key spelt
     with `\\u` escapes may hide any of them, so one pass of substring searches suffices."""
-    return (b"_id" in raw or b"_file" in raw or b"container" in raw
-            or b"conversation" in raw or b"\\u" in raw)
+    return (
+        b"_id" in raw
+        or b"_file" in raw
+        or b"container" in raw
+        or b"conversation" in raw
+        or b"\\u" in raw
+    )
 
 
 def not_found(object_id: str | None = None) -> GatewayError:
@@ -88,8 +112,9 @@ def find_references(body: Any) -> list[str]:
         node = stack.pop()
         budget -= len(node)
         if budget < 0:
-            raise GatewayError(400, "The request body has too many JSON values to check.",
-                               code="body_too_complex")
+            raise GatewayError(
+                400, "The request body has too many JSON values to check.", code="body_too_complex"
+            )
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in REFERENCE_KEYS:
@@ -99,8 +124,11 @@ def find_references(body: Any) -> list[str]:
         else:
             stack.extend(v for v in node if isinstance(v, (dict, list)))
         if len(found) > MAX_REFERENCES:
-            raise GatewayError(400, f"The request body references more than {MAX_REFERENCES} "
-                                    "objects.", code="too_many_references")
+            raise GatewayError(
+                400,
+                f"The request body references more than {MAX_REFERENCES} objects.",
+                code="too_many_references",
+            )
     return found
 
 
@@ -137,8 +165,9 @@ class MemoryRecords:
     """One process's records, oldest evicted first past a per-tenant count or byte bound (an
     evicted object becomes unreachable through the gateway: the safe side)."""
 
-    def __init__(self, max_objects: int = MEMORY_MAX_OBJECTS,
-                 max_bytes: int = MEMORY_MAX_BYTES) -> None:
+    def __init__(
+        self, max_objects: int = MEMORY_MAX_OBJECTS, max_bytes: int = MEMORY_MAX_BYTES
+    ) -> None:
         self.max_objects = max_objects
         self.max_bytes = max_bytes
         self._tenants: dict[str, OrderedDict[str, tuple[str, float]]] = {}
@@ -169,8 +198,12 @@ class MemoryRecords:
             size -= len(old_id) + len(old_route) + 64
             evicted += 1
         if evicted:
-            log.warning("tenant %r holds more objects than the in-process store keeps; the %d "
-                        "oldest records were dropped (use Redis to keep them all)", tenant, evicted)
+            log.warning(
+                "tenant %r holds more objects than the in-process store keeps; the %d "
+                "oldest records were dropped (use Redis to keep them all)",
+                tenant,
+                evicted,
+            )
         self._bytes[tenant] = size
 
     async def delete(self, tenant: str, object_id: str) -> None:
@@ -217,7 +250,7 @@ class Ownership:
         self.enabled = records is not None
 
     @classmethod
-    def create(cls, store: Any, enabled: bool) -> "Ownership":
+    def create(cls, store: Any, enabled: bool) -> Ownership:
         """Over the telemetry store's Redis client when it has one, else in process."""
         if not enabled:
             return cls(None)
@@ -231,8 +264,11 @@ class Ownership:
             return await asyncio.wait_for(coro, STORE_TIMEOUT_S)
         except getattr(self.records, "unavailable", (OSError, asyncio.TimeoutError)) as exc:
             log.warning("object ownership store unavailable: %s", type(exc).__name__)
-            raise GatewayError(503, "The object ownership store is unavailable; try again "
-                                    "shortly.", code="ownership_store_unavailable") from None
+            raise GatewayError(
+                503,
+                "The object ownership store is unavailable; try again shortly.",
+                code="ownership_store_unavailable",
+            ) from None
 
     async def routes_of(self, tenant: str, ids: list[str]) -> list[str]:
         """The recorded route of each id, or a 404 naming the first id the tenant does not own."""
@@ -242,7 +278,7 @@ class Ownership:
             if not object_id or len(object_id) > MAX_ID_CHARS:
                 raise not_found(object_id)
         routes = await self._call(self.records.get(tenant, ids))
-        for object_id, route in zip(ids, routes):
+        for object_id, route in zip(ids, routes, strict=False):
             if route is None:
                 raise not_found(object_id)
         return routes
@@ -257,16 +293,18 @@ class Ownership:
         if self.enabled:
             await self.routes_of(tenant, find_references(body))
 
-    async def check_request(self, tenant: str, path: PassPath, method: str,
-                            body: Any) -> str | None:
+    async def check_request(
+        self, tenant: str, path: PassPath, method: str, body: Any
+    ) -> str | None:
         """Before a passthrough request: the path's object, the body's and the query's
         references must be the tenant's own (else 404). Returns the route they were created
         through, if any, so that a read goes to the account that holds the object."""
         if not self.enabled:
             return None
         if _tenant_blocked(path, method):
-            raise GatewayError(404, f"{method} {path.display()} is not available to tenants.",
-                               code="unknown_url")
+            raise GatewayError(
+                404, f"{method} {path.display()} is not available to tenants.", code="unknown_url"
+            )
         ids = [path.object_id] if path.object_id is not None else []
         ids.extend(v for k, v in path.query if k in REFERENCE_KEYS)
         if isinstance(body, (dict, list)):
@@ -274,8 +312,9 @@ class Ownership:
         routes = await self.routes_of(tenant, ids)
         return routes[0] if routes else None
 
-    async def after_response(self, tenant: str, path: PassPath, method: str, route: str,
-                             payload: Any) -> Any:
+    async def after_response(
+        self, tenant: str, path: PassPath, method: str, route: str, payload: Any
+    ) -> Any:
         """After a 2xx JSON answer: record what a create made, adopt the output files of owned
         objects, forget a deleted object, and filter a collection's list. Returns the payload
         the client gets."""
@@ -302,9 +341,14 @@ class Ownership:
     @staticmethod
     def _creates(path: PassPath) -> bool:
         prefix = path.collection or ()
-        return (path.is_collection or path.segments in COLLECTION_CREATES
-                or (len(path.segments) == len(prefix) + 2
-                    and (path.family, path.segments[-1]) in CREATING_ACTIONS))
+        return (
+            path.is_collection
+            or path.segments in COLLECTION_CREATES
+            or (
+                len(path.segments) == len(prefix) + 2
+                and (path.family, path.segments[-1]) in CREATING_ACTIONS
+            )
+        )
 
     async def _filter_list(self, tenant: str, payload: dict, route: str) -> dict:
         items = payload["data"]
@@ -313,8 +357,8 @@ class Ownership:
         owned = set()
         if wanted:
             routes = await self._call(self.records.get(tenant, wanted))
-            owned = {i for i, r in zip(wanted, routes) if r is not None}
-        kept = [item for item, i in zip(items, ids) if i in owned]
+            owned = {i for i, r in zip(wanted, routes, strict=False) if r is not None}
+        kept = [item for item, i in zip(items, ids, strict=False) if i in owned]
         adopt = [i for item in kept for i in adoptable(item)]
         if adopt:
             await self.record(tenant, "", route, adopt)
@@ -323,7 +367,6 @@ class Ownership:
             if key in out:
                 out[key] = kept[index]["id"] if kept else None
         return out
-
 
 
 def _tenant_blocked(path: PassPath, method: str) -> bool:

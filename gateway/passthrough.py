@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from starlette.requests import Request
@@ -52,12 +53,14 @@ def forward_headers(request: Request) -> dict[str, str]:
     """The allow-listed client headers, minus any the client's `Connection` header names."""
     headers = request.headers
     named = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    return {name: headers[name] for name in FORWARD_HEADERS
-            if name in headers and name not in named}
+    return {
+        name: headers[name] for name in FORWARD_HEADERS if name in headers and name not in named
+    }
 
 
-def choose_route(table: RouteTable, family: str, model: str | None,
-                 owner_route: str | None) -> Route:
+def choose_route(
+    table: RouteTable, family: str, model: str | None, owner_route: str | None
+) -> Route:
     """The `openai` route named by the body's model, else the one the object was created
     through, else the first `openai` route that forwards this family."""
     if model is not None:
@@ -75,16 +78,18 @@ def choose_route(table: RouteTable, family: str, model: str | None,
             return route
     if any(r.kind == "openai" for r in table.routes):
         raise _family_off(family)
-    raise GatewayError(404, f"No OpenAI-compatible route serves /v1/{family}.",
-                       code="no_passthrough_route")
+    raise GatewayError(
+        404, f"No OpenAI-compatible route serves /v1/{family}.", code="no_passthrough_route"
+    )
 
 
 def _family_off(family: str) -> GatewayError:
-    return GatewayError(404, f"/v1/{family} is not enabled on this gateway's routes.",
-                        code="unknown_url")
+    return GatewayError(
+        404, f"/v1/{family} is not enabled on this gateway's routes.", code="unknown_url"
+    )
 
 
-async def passthrough(request: Request, gateway: "Gateway") -> "Exchange":
+async def passthrough(request: Request, gateway: Gateway) -> Exchange:
     """The ASGI response that performs the exchange (it needs `receive` and `send` itself)."""
     return Exchange(request, gateway)
 
@@ -93,7 +98,7 @@ class Exchange:
     """One passthrough request, as a raw ASGI response so that the status line, the upstream
     connection and the client's departure are all in its hands."""
 
-    def __init__(self, request: Request, gateway: "Gateway") -> None:
+    def __init__(self, request: Request, gateway: Gateway) -> None:
         self.request = request
         self.gateway = gateway
         self.settings = gateway.settings
@@ -110,8 +115,9 @@ class Exchange:
         tenant, family, status = None, "invalid", 500
         try:
             tenant = self.gateway.keys.tenant_for(self.request)
-            path = parse_target(scope.get("raw_path") or scope["path"].encode(),
-                                scope.get("query_string", b""))
+            path = parse_target(
+                scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b"")
+            )
             family = path.family
             status = await self._exchange(tenant, path, scope["method"], receive, send)
         except asyncio.CancelledError:
@@ -187,8 +193,12 @@ class Exchange:
         media = (content_type or "").split(";", 1)[0].strip().lower()
         if media in UPLOAD_TYPES:
             if self.gateway.objects.enabled and not path.takes_upload:
-                raise GatewayError(415, f"{path.display()} takes a JSON body.",
-                                   type="invalid_request_error", code="unsupported_media_type")
+                raise GatewayError(
+                    415,
+                    f"{path.display()} takes a JSON body.",
+                    type="invalid_request_error",
+                    code="unsupported_media_type",
+                )
             limit = self.settings.max_upload_bytes
             if declared is not None and int(declared) > limit:
                 raise _too_large(limit, "FIRSTTOKEN_MAX_UPLOAD_BYTES")
@@ -202,11 +212,16 @@ class Exchange:
 
     # -- the exchange --------------------------------------------------------------------
 
-    async def _exchange(self, tenant: str, path: PassPath, method: str, receive: Receive,
-                        send: Send) -> int:
+    async def _exchange(
+        self, tenant: str, path: PassPath, method: str, receive: Receive, send: Send
+    ) -> int:
         if method not in METHODS:
-            raise GatewayError(405, f"Method {method} is not allowed on {path.display()}.",
-                               type="invalid_request_error", code="method_not_allowed")
+            raise GatewayError(
+                405,
+                f"Method {method} is not allowed on {path.display()}.",
+                type="invalid_request_error",
+                code="method_not_allowed",
+            )
         data, body, content_type = await self._read_request(path, receive)
         objects = self.gateway.objects
         owner_route = await objects.check_request(tenant, path, method, body)
@@ -227,28 +242,37 @@ class Exchange:
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await self._forward(upstream, method, upstream_url(upstream.base_url, path),
-                                           headers, data)
+                return await self._forward(
+                    upstream, method, upstream_url(upstream.base_url, path), headers, data
+                )
         except TimeoutError:
             if relay.streaming_events:  # an event stream ends with an error event
                 await relay.error_event("The upstream stream timed out.", "timeout_error")
                 await relay.end()
             if relay.started:  # a download is cut: the client sees a truncated body
                 return 504
-            raise GatewayError(504, f"Upstream {route.name!r} did not answer within {timeout}s.",
-                               code="upstream_timeout") from None
+            raise GatewayError(
+                504,
+                f"Upstream {route.name!r} did not answer within {timeout}s.",
+                code="upstream_timeout",
+            ) from None
 
-    async def _forward(self, upstream: Any, method: str, url: Any, headers: dict[str, str],
-                       data: Any) -> int:
+    async def _forward(
+        self, upstream: Any, method: str, url: Any, headers: dict[str, str], data: Any
+    ) -> int:
         name = upstream.route.name
         try:
-            resp = await upstream.session.request(method, url, data=data, headers=headers,
-                                                  allow_redirects=False)
+            resp = await upstream.session.request(
+                method, url, data=data, headers=headers, allow_redirects=False
+            )
         except (aiohttp.ClientError, OSError) as exc:
             if self.upload_error is not None:
                 raise self.upload_error from None
-            raise GatewayError(503, f"Upstream {name!r} unreachable ({type(exc).__name__}).",
-                               code="upstream_unreachable") from None
+            raise GatewayError(
+                503,
+                f"Upstream {name!r} unreachable ({type(exc).__name__}).",
+                code="upstream_unreachable",
+            ) from None
         try:
             return await self.relay.answer(resp)
         finally:
@@ -259,8 +283,11 @@ class Exchange:
 
 
 def _too_large(limit: int, variable: str) -> GatewayError:
-    return GatewayError(413, f"Request body exceeds the limit of {limit} bytes ({variable}).",
-                        code="request_too_large")
+    return GatewayError(
+        413,
+        f"Request body exceeds the limit of {limit} bytes ({variable}).",
+        code="request_too_large",
+    )
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

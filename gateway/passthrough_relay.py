@@ -28,23 +28,42 @@ from gateway.upstream_paths import PassPath
 
 log = logging.getLogger("firsttoken.passthrough")
 
-RESPONSE_HEADERS = frozenset({"content-type", "content-disposition", "retry-after",
-                              "x-request-id", "openai-processing-ms", "openai-version"})
+RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-disposition",
+        "retry-after",
+        "x-request-id",
+        "openai-processing-ms",
+        "openai-version",
+    }
+)
 RESPONSE_HEADER_PREFIXES = ("x-ratelimit-",)
 CREATED_EVENTS_SCANNED = 4  # a create's first event names what it created
 
 
 def response_headers(upstream: Any) -> dict[str, str]:
     """The upstream headers a client may see (never cookies or the account's identity)."""
-    return {k.lower(): v for k, v in upstream.items()
-            if k.lower() in RESPONSE_HEADERS or k.lower().startswith(RESPONSE_HEADER_PREFIXES)}
+    return {
+        k.lower(): v
+        for k, v in upstream.items()
+        if k.lower() in RESPONSE_HEADERS or k.lower().startswith(RESPONSE_HEADER_PREFIXES)
+    }
 
 
 class Relay:
     """Writes one upstream answer to the client; `started` once the status line went out."""
 
-    def __init__(self, send: Send, settings: Settings, objects: Ownership, tenant: str,
-                 path: PassPath, method: str, route: Route) -> None:
+    def __init__(
+        self,
+        send: Send,
+        settings: Settings,
+        objects: Ownership,
+        tenant: str,
+        path: PassPath,
+        method: str,
+        route: Route,
+    ) -> None:
         self.send = send
         self.settings = settings
         self.objects = objects
@@ -59,16 +78,22 @@ class Relay:
         """Relay `resp`; returns the status the client got (or 502 if a body was cut)."""
         status, name = resp.status, self.route.name
         if 300 <= status < 400:
-            raise GatewayError(502, f"Upstream {name!r} answered with a redirect ({status}); "
-                                    "redirects are never followed.", code="upstream_redirect")
+            raise GatewayError(
+                502,
+                f"Upstream {name!r} answered with a redirect ({status}); "
+                "redirects are never followed.",
+                code="upstream_redirect",
+            )
         headers = response_headers(resp.headers)
         if status >= 500 or status < 200:
             mine = 503 if status == 503 else 502
-            error = GatewayError(mine, f"Upstream {name!r} answered {status}.",
-                                 code=f"upstream_{status}")
+            error = GatewayError(
+                mine, f"Upstream {name!r} answered {status}.", code=f"upstream_{status}"
+            )
             retry = {"retry-after": headers["retry-after"]} if "retry-after" in headers else {}
-            await self.whole(mine, {"content-type": "application/json", **retry},
-                             orjson.dumps(error.to_dict()))
+            await self.whole(
+                mine, {"content-type": "application/json", **retry}, orjson.dumps(error.to_dict())
+            )
             return mine
         content_type = resp.headers.get("content-type", "")
         if status < 300 and "text/event-stream" in content_type:
@@ -86,10 +111,14 @@ class Relay:
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise GatewayError(502, f"Upstream {self.route.name!r} sent a body that is not "
-                                    "valid JSON.", code="upstream_invalid_json") from None
-        changed = await self.objects.after_response(self.tenant, self.path, self.method,
-                                                    self.route.name, payload)
+            raise GatewayError(
+                502,
+                f"Upstream {self.route.name!r} sent a body that is not valid JSON.",
+                code="upstream_invalid_json",
+            ) from None
+        changed = await self.objects.after_response(
+            self.tenant, self.path, self.method, self.route.name, payload
+        )
         return raw if changed is payload else orjson.dumps(changed)
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
@@ -107,13 +136,17 @@ class Relay:
         await self.start(status, {**headers, "content-length": str(len(body))})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def download(self, resp: aiohttp.ClientResponse, status: int,
-                       headers: dict[str, str], limit: int) -> int:
+    async def download(
+        self, resp: aiohttp.ClientResponse, status: int, headers: dict[str, str], limit: int
+    ) -> int:
         """A body streamed as it arrives; past `limit` the connection is cut, so the client
         sees a truncated body, never a short one that looks complete."""
         if resp.content_length is not None and resp.content_length > limit:
-            raise GatewayError(502, f"The upstream body exceeds {limit} bytes "
-                                    "(FIRSTTOKEN_MAX_UPLOAD_BYTES).", code="upstream_too_large")
+            raise GatewayError(
+                502,
+                f"The upstream body exceeds {limit} bytes (FIRSTTOKEN_MAX_UPLOAD_BYTES).",
+                code="upstream_too_large",
+            )
         await self.start(status, headers)
         size = 0
         try:
@@ -132,12 +165,12 @@ class Relay:
     async def events(self, resp: aiohttp.ClientResponse, headers: dict[str, str]) -> int:
         """An SSE stream, whole events as they complete (line ends normalised), each bounded.
         A create's first events are held until the ids they name are recorded as the tenant's."""
-        await self.start(200, {**headers, **SSE_HEADERS,
-                               "content-type": "text/event-stream; charset=utf-8"})
+        await self.start(
+            200, {**headers, **SSE_HEADERS, "content-type": "text/event-stream; charset=utf-8"}
+        )
         self.streaming_events = True
         limit = self.settings.max_event_bytes
-        watch = (self.objects.enabled and self.method == "POST"
-                 and self.path.collection is not None)
+        watch = self.objects.enabled and self.method == "POST" and self.path.collection is not None
         # Only whole events go out: a cut in the middle of one would leave the client a partial
         # event with our error event glued to it.
         parser, held, scanned = SSEParser(limit), [], 0
@@ -153,8 +186,9 @@ class Relay:
                         scanned += 1
                         created = created_ids(event.event, event.data)
                         if created:
-                            await self.objects.record(self.tenant, self.path.family,
-                                                      self.route.name, created)
+                            await self.objects.record(
+                                self.tenant, self.path.family, self.route.name, created
+                            )
                         watch = watch and not created and scanned < CREATED_EVENTS_SCANNED
                     held.extend(event.raw for event in events)
                     if watch and not too_big:
@@ -166,8 +200,9 @@ class Relay:
                     await self.write(out)
                 if too_big:
                     status = 502
-                    await self.error_event(f"An upstream event exceeded {limit} bytes "
-                                           "(FIRSTTOKEN_MAX_EVENT_BYTES).")
+                    await self.error_event(
+                        f"An upstream event exceeded {limit} bytes (FIRSTTOKEN_MAX_EVENT_BYTES)."
+                    )
                     break
             else:
                 out = b"".join([*held, *(event.raw for event in parser.flush())])
@@ -218,8 +253,11 @@ def is_json(content_type: str) -> bool:
 
 
 async def read_bounded(resp: aiohttp.ClientResponse, limit: int, name: str) -> bytes:
-    too_large = GatewayError(502, f"Upstream {name!r} sent a body over {limit} bytes "
-                                  "(FIRSTTOKEN_MAX_RESPONSE_BYTES).", code="upstream_too_large")
+    too_large = GatewayError(
+        502,
+        f"Upstream {name!r} sent a body over {limit} bytes (FIRSTTOKEN_MAX_RESPONSE_BYTES).",
+        code="upstream_too_large",
+    )
     if resp.content_length is not None and resp.content_length > limit:
         raise too_large
     chunks, size = [], 0
@@ -230,6 +268,7 @@ async def read_bounded(resp: aiohttp.ClientResponse, limit: int, name: str) -> b
                 raise too_large
             chunks.append(chunk)
     except aiohttp.ClientError as exc:
-        raise GatewayError(502, f"Upstream {name!r} body failed ({type(exc).__name__}).",
-                           code="upstream_error") from None
+        raise GatewayError(
+            502, f"Upstream {name!r} body failed ({type(exc).__name__}).", code="upstream_error"
+        ) from None
     return b"".join(chunks)

@@ -7,22 +7,31 @@ import asyncio
 import functools
 import logging
 import types
-from typing import Mapping
-
-from policies import (DEFAULT_POLICIES, PolicyChain, PolicyConfigError, PolicyContext,
-                      PolicyResult, build_chain, parse_policy_list)
-from policies.diagnostics import (PrefixBreak, PrefixFingerprints, find_prefix_break,
-                                 stable_prefix_tokens)
+from collections.abc import Mapping
 
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.routes import Route
 from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
+from policies import (
+    DEFAULT_POLICIES,
+    PolicyChain,
+    PolicyConfigError,
+    PolicyContext,
+    PolicyResult,
+    build_chain,
+    parse_policy_list,
+)
+from policies.diagnostics import (
+    PrefixBreak,
+    PrefixFingerprints,
+    find_prefix_break,
+    stable_prefix_tokens,
+)
 
 log = logging.getLogger("firsttoken.policies")
 
 POLICY_HEADER = "x-firsttoken-policies"
-
 
 
 def is_extension_panic(exc: BaseException) -> bool:
@@ -34,13 +43,17 @@ def is_extension_panic(exc: BaseException) -> bool:
 class PolicyRunner:
     """Builds each distinct chain once, at start-up, so a bad option fails the start, not a request."""
 
-    def __init__(self, settings: Settings, routes: list[Route],
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, routes: list[Route], environ: Mapping[str, str] | None = None
+    ) -> None:
         self.allow_client = settings.allow_client_policies
         self._options = policy_options(environ)
         try:
-            self.default_names = (parse_policy_list(settings.policies)
-                                  if settings.policies is not None else tuple(DEFAULT_POLICIES))
+            self.default_names = (
+                parse_policy_list(settings.policies)
+                if settings.policies is not None
+                else tuple(DEFAULT_POLICIES)
+            )
             self._chains: dict[tuple[str, ...], PolicyChain] = {}
             self._chain(self.default_names)
             for route in routes:
@@ -61,8 +74,12 @@ class PolicyRunner:
     def names_for(self, route: Route, header: str | None) -> tuple[str, ...]:
         if header is not None:
             if not self.allow_client:
-                raise GatewayError(403, f"The {POLICY_HEADER} header is disabled on this gateway.",
-                                   param=POLICY_HEADER, code="policy_override_forbidden")
+                raise GatewayError(
+                    403,
+                    f"The {POLICY_HEADER} header is disabled on this gateway.",
+                    param=POLICY_HEADER,
+                    code="policy_override_forbidden",
+                )
             try:
                 return parse_policy_list(header)
             except PolicyConfigError as exc:
@@ -88,8 +105,9 @@ class PolicyRunner:
             return None
 
 
-async def report_headers(telemetry, tenant: str, result: PolicyResult,
-                         offload: HeavyWork | None = None) -> dict[str, str]:
+async def report_headers(
+    telemetry, tenant: str, result: PolicyResult, offload: HeavyWork | None = None
+) -> dict[str, str]:
     """Measure what the policies did and compare this request's prefix fingerprints with the
     family's last ones, then store these. Runs while the upstream request is in flight;
     degrades to fewer headers rather than fail a request. With `offload` (a big body), the
@@ -118,8 +136,9 @@ async def report_headers(telemetry, tenant: str, result: PolicyResult,
     return headers
 
 
-async def _prefix_break(telemetry, tenant: str, result: PolicyResult,
-                        offload: HeavyWork | None) -> dict[str, str]:
+async def _prefix_break(
+    telemetry, tenant: str, result: PolicyResult, offload: HeavyWork | None
+) -> dict[str, str]:
     try:
         previous_blob = await telemetry.get_fingerprints(tenant, result.cache_key)
         telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
@@ -136,13 +155,19 @@ async def _prefix_break(telemetry, tenant: str, result: PolicyResult,
         return {}
 
 
-async def prepared_report_headers(telemetry, tenant: str, tokens_saved: int | None,
-                                  cache_key: str | None, blob: bytes | None,
-                                  offload: HeavyWork) -> dict[str, str]:
+async def prepared_report_headers(
+    telemetry,
+    tenant: str,
+    tokens_saved: int | None,
+    cache_key: str | None,
+    blob: bytes | None,
+    offload: HeavyWork,
+) -> dict[str, str]:
     """`report_headers` for a big body whose report a worker process measured: the prefix
     comparison with the family's last fingerprints still needs the telemetry store."""
-    headers = {} if tokens_saved is None else {
-        "x-firsttoken-prompt-tokens-saved": str(tokens_saved)}
+    headers = (
+        {} if tokens_saved is None else {"x-firsttoken-prompt-tokens-saved": str(tokens_saved)}
+    )
     if blob is not None and cache_key:
         try:
             fingerprints = await offload.run(tenant, PrefixFingerprints.from_bytes, blob)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -26,8 +27,10 @@ from gateway.upstreams import CallContext, OutEvent, Upstream, UpstreamError, Up
 log = logging.getLogger("firsttoken.proxy")
 
 BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
-SSE_RAW_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"),
-                   *((k.encode(), v.encode()) for k, v in SSE_HEADERS.items()))
+SSE_RAW_HEADERS = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    *((k.encode(), v.encode()) for k, v in SSE_HEADERS.items()),
+)
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Plan:
     tenant: str
     request_id: str
     chain: list[Route]
-    bodies: Callable[[Route], dict]           # the upstream body for a route (policies applied)
+    bodies: Callable[[Route], dict]  # the upstream body for a route (policies applied)
     client_wants_usage: bool
     response_headers: dict[str, str] = field(default_factory=dict)
     late_headers: Callable[[], Awaitable[dict[str, str]]] | None = None
@@ -52,8 +55,9 @@ class Proxy:
         self.upstreams = upstreams
 
     def _context(self, plan: Plan, route: Route, body: dict) -> CallContext:
-        return CallContext(plan.endpoint, plan.tenant, body.get("model", ""), plan.request_id,
-                           plan.forward_headers)
+        return CallContext(
+            plan.endpoint, plan.tenant, body.get("model", ""), plan.request_id, plan.forward_headers
+        )
 
     def first_token_timeout(self, route: Route) -> float | None:
         return route.first_token_timeout_s or self.settings.first_token_timeout_s
@@ -61,8 +65,12 @@ class Proxy:
     def timeout(self, route: Route) -> float:
         return route.timeout_s or self.settings.timeout_s
 
-    async def attempt(self, plan: Plan, timing: RequestTiming,
-                      call: Callable[[Upstream, dict, CallContext, Route], Awaitable[Any]]) -> Any:
+    async def attempt(
+        self,
+        plan: Plan,
+        timing: RequestTiming,
+        call: Callable[[Upstream, dict, CallContext, Route], Awaitable[Any]],
+    ) -> Any:
         """Run `call` on the route chain: retry on retryable errors, then fall back, all before
         the client has seen a byte. Honours Retry-After when it fits in the route's budget."""
         last: UpstreamError | None = None
@@ -80,8 +88,11 @@ class Proxy:
                     last = exc
                     if not exc.retryable:
                         raise
-                    delay = exc.retry_after if exc.retry_after is not None else BACKOFF_S[
-                        min(attempt, len(BACKOFF_S) - 1)]
+                    delay = (
+                        exc.retry_after
+                        if exc.retry_after is not None
+                        else BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                    )
                     if attempt + 1 >= self.settings.retry_attempts:
                         break
                     if time.perf_counter() + delay >= budget_end:
@@ -94,16 +105,18 @@ class Proxy:
     async def complete(self, plan: Plan, timing: RequestTiming, receive: Receive) -> Response:
         """A non-streaming request; if the client leaves first, the upstream request is closed
         at once instead of paying for an answer nobody will read."""
+
         async def call(upstream: Upstream, body: dict, ctx: CallContext, route: Route):
             try:
                 return await asyncio.wait_for(upstream.complete(body, ctx), self.timeout(route))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise UpstreamTimeout(f"upstream {route.name!r} timed out") from None
             except UpstreamError:
                 raise
             except Exception as exc:  # e.g. the body was cut short
-                raise UpstreamError(f"upstream {route.name!r} failed "
-                                    f"({type(exc).__name__})") from None
+                raise UpstreamError(
+                    f"upstream {route.name!r} failed ({type(exc).__name__})"
+                ) from None
 
         work = asyncio.ensure_future(self.attempt(plan, timing, call))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
@@ -132,13 +145,17 @@ class Proxy:
         if plan.late_headers is not None:
             headers.update(await plan.late_headers())
         _finish(plan, timing)
-        response = Response(result.body, status_code=result.status, media_type=None,
-                            headers={"content-type": result.content_type, **headers})
+        response = Response(
+            result.body,
+            status_code=result.status,
+            media_type=None,
+            headers={"content-type": result.content_type, **headers},
+        )
         if result.headers:
             response.raw_headers.extend(result.headers)
         return response
 
-    def stream(self, plan: Plan, timing: RequestTiming) -> "StreamRelay":
+    def stream(self, plan: Plan, timing: RequestTiming) -> StreamRelay:
         return StreamRelay(self, plan, timing)
 
 
@@ -155,9 +172,9 @@ class StreamRelay:
         self.started = False
         self.client_gone = False
         self.finished = False
-        self.saw_done = False       # [DONE] went out
-        self.saw_finish = False     # a chunk with a finish_reason went out
-        self.saw_error = False      # an error event went out
+        self.saw_done = False  # [DONE] went out
+        self.saw_finish = False  # a chunk with a finish_reason went out
+        self.saw_error = False  # an error event went out
         self.saw_malformed = False  # an event turned out not to be JSON after it went out
         self._relayed: list[tuple[bytes, bytes]] | None = None
         self._start_lock = asyncio.Lock()
@@ -199,8 +216,10 @@ class StreamRelay:
             headers = {**self.plan.response_headers}
             if self.plan.late_headers is not None:
                 headers.update(await self.plan.late_headers())
-            raw = [*SSE_RAW_HEADERS,
-                   *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+            raw = [
+                *SSE_RAW_HEADERS,
+                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+            ]
             if self._relayed:
                 raw.extend(self._relayed)
             await send({"type": "http.response.start", "status": 200, "headers": raw})
@@ -214,7 +233,8 @@ class StreamRelay:
     def _arm_keepalive(self, send: Send) -> None:
         if not self._keepalives_stopped:
             self._keepalive_timer = asyncio.get_running_loop().call_later(
-                self.proxy.settings.keepalive_s, self._keepalive_due, send)
+                self.proxy.settings.keepalive_s, self._keepalive_due, send
+            )
 
     def _keepalive_due(self, send: Send) -> None:
         self._keepalive_task = asyncio.ensure_future(self._send_keepalive(send))
@@ -231,8 +251,9 @@ class StreamRelay:
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
 
-    async def _open_and_first(self, upstream: Upstream, body: dict, ctx: CallContext,
-                              route: Route, send: Send):
+    async def _open_and_first(
+        self, upstream: Upstream, body: dict, ctx: CallContext, route: Route, send: Send
+    ):
         """Open the upstream stream and wait for its first events while a timer sends
         keepalive comments; a first-token timeout here may still be retried (the client has
         seen no event). Under a first-token deadline the status is held back until the first
@@ -264,12 +285,14 @@ class StreamRelay:
                 await stream.aclose()
             if isinstance(exc, TimeoutError):
                 raise UpstreamTimeout(
-                    f"no first token from route {route.name!r} within {limit}s") from None
+                    f"no first token from route {route.name!r} within {limit}s"
+                ) from None
             if isinstance(exc, Exception) and not isinstance(exc, UpstreamError):
                 # The stream broke before its first event (a reset, a truncated body): the
                 # client has seen no event, so this may still be retried or fall back.
-                raise UpstreamError(f"upstream {route.name!r} failed before its first event "
-                                    f"({type(exc).__name__})") from None
+                raise UpstreamError(
+                    f"upstream {route.name!r} failed before its first event ({type(exc).__name__})"
+                ) from None
             raise
         finally:
             self._stop_keepalives()
@@ -278,7 +301,8 @@ class StreamRelay:
         plan, timing = self.plan, self.timing
         try:
             stream, iterator, first = await self.proxy.attempt(
-                plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send))
+                plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
+            )
         except UpstreamError as exc:
             timing.status = _status_kind(exc)
             if not self.started:
@@ -291,7 +315,9 @@ class StreamRelay:
         route_timeout = self.proxy.timeout(self.proxy.upstreams[timing.route].route)
         try:
             await self._start(send)
-            async with asyncio.timeout(route_timeout - (time.perf_counter() - timing.upstream_sent)):
+            async with asyncio.timeout(
+                route_timeout - (time.perf_counter() - timing.upstream_sent)
+            ):
                 if not await self._forward(send, first):
                     async for batch in iterator:
                         if await self._forward(send, batch):
@@ -305,8 +331,11 @@ class StreamRelay:
         except Exception as exc:
             log.warning("stream from route %s failed: %s", timing.route, type(exc).__name__)
             timing.status = "upstream_error"
-            message = exc.message if isinstance(exc, UpstreamError) else (
-                f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})")
+            message = (
+                exc.message
+                if isinstance(exc, UpstreamError)
+                else (f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})")
+            )
             tail = self._failed(sse_error_event(message))
         else:
             tail = self._ending()
@@ -328,12 +357,20 @@ class StreamRelay:
             return b""
         if self.saw_malformed:
             self.timing.status = "upstream_error"
-            return sse_error_event(
-                f"upstream stream from route {self.timing.route!r} sent a malformed event") + DONE
+            return (
+                sse_error_event(
+                    f"upstream stream from route {self.timing.route!r} sent a malformed event"
+                )
+                + DONE
+            )
         if not (self.saw_finish or self.saw_error):
             self.timing.status = "upstream_error"
-            return sse_error_event(
-                f"upstream stream from route {self.timing.route!r} ended before it finished") + DONE
+            return (
+                sse_error_event(
+                    f"upstream stream from route {self.timing.route!r} ended before it finished"
+                )
+                + DONE
+            )
         return DONE
 
     async def _forward(self, send: Send, batch: list[OutEvent]) -> bool:
@@ -399,8 +436,9 @@ def _finish(plan: Plan, timing: RequestTiming) -> None:
         try:
             on_finish(timing)
         except Exception as exc:
-            log.warning("telemetry event of request %s lost: %s", plan.request_id,
-                        type(exc).__name__)
+            log.warning(
+                "telemetry event of request %s lost: %s", plan.request_id, type(exc).__name__
+            )
 
 
 def _status_kind(exc: UpstreamError) -> str:
@@ -416,8 +454,11 @@ def _error_type(exc: UpstreamError) -> str:
 def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Response:
     """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504."""
     if 400 <= exc.status < 500 and exc.body is not None:
-        response = Response(exc.body, status_code=exc.status, headers={
-            "content-type": exc.content_type or "application/json", **headers})
+        response = Response(
+            exc.body,
+            status_code=exc.status,
+            headers={"content-type": exc.content_type or "application/json", **headers},
+        )
     else:
         if isinstance(exc, UpstreamTimeout):
             status = 504
@@ -431,4 +472,3 @@ def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Resp
     if exc.headers:  # the upstream's Retry-After and rate-limit headers, as it sent them
         response.raw_headers.extend(exc.headers)
     return response
-

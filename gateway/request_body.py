@@ -36,8 +36,11 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _too_large(max_bytes: int) -> GatewayError:
-    return GatewayError(413, f"Request body exceeds the limit of {max_bytes} bytes "
-                             "(FIRSTTOKEN_MAX_BODY_BYTES).", code="request_too_large")
+    return GatewayError(
+        413,
+        f"Request body exceeds the limit of {max_bytes} bytes (FIRSTTOKEN_MAX_BODY_BYTES).",
+        code="request_too_large",
+    )
 
 
 def parse_json(raw: bytes, max_depth: int, max_containers: int) -> dict:
@@ -48,20 +51,27 @@ def parse_json(raw: bytes, max_depth: int, max_containers: int) -> dict:
     included, so it can only over-count) costs about a millisecond for 16 MB, while parsing
     three million nested objects costs seconds."""
     if len(raw) > 2 * max_containers and raw.count(b"{") + raw.count(b"[") > max_containers:
-        raise GatewayError(400, f"Request body holds more than {max_containers} JSON objects "
-                                "and arrays (FIRSTTOKEN_MAX_JSON_CONTAINERS).",
-                           code="json_too_large")
+        raise GatewayError(
+            400,
+            f"Request body holds more than {max_containers} JSON objects "
+            "and arrays (FIRSTTOKEN_MAX_JSON_CONTAINERS).",
+            code="json_too_large",
+        )
     try:
         body = orjson.loads(raw)  # itself refuses nesting past 1024
     except orjson.JSONDecodeError as exc:
-        raise GatewayError(400, f"Request body is not valid JSON: {exc.msg}.",
-                           code="invalid_json") from None
+        raise GatewayError(
+            400, f"Request body is not valid JSON: {exc.msg}.", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise GatewayError(400, "Request body must be a JSON object.", code="invalid_json")
     # Each level takes two bytes at least, so a short body cannot be too deep.
     if len(raw) > 2 * max_depth and nested_deeper_than(body, max_depth):
-        raise GatewayError(400, f"Request body nests JSON deeper than {max_depth} levels "
-                                "(FIRSTTOKEN_MAX_JSON_DEPTH).", code="json_too_deep")
+        raise GatewayError(
+            400,
+            f"Request body nests JSON deeper than {max_depth} levels (FIRSTTOKEN_MAX_JSON_DEPTH).",
+            code="json_too_deep",
+        )
     return body
 
 
@@ -90,36 +100,53 @@ def nested_deeper_than(obj: dict | list, limit: int) -> bool:
 def require_model(body: dict, max_chars: int) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise GatewayError(400, "'model' is required and must be a non-empty string.",
-                           param="model", code="invalid_model" if "model" in body else "missing_model")
+        raise GatewayError(
+            400,
+            "'model' is required and must be a non-empty string.",
+            param="model",
+            code="invalid_model" if "model" in body else "missing_model",
+        )
     if len(model) > max_chars:
-        raise GatewayError(400, f"'model' is longer than {max_chars} characters "
-                                "(FIRSTTOKEN_MAX_MODEL_CHARS).", param="model",
-                           code="model_too_long")
+        raise GatewayError(
+            400,
+            f"'model' is longer than {max_chars} characters (FIRSTTOKEN_MAX_MODEL_CHARS).",
+            param="model",
+            code="model_too_long",
+        )
     return model
 
 
 def validate_chat(body: dict, max_messages: int) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "'messages' is required and must be a non-empty array.",
-                           param="messages")
+        raise GatewayError(
+            400, "'messages' is required and must be a non-empty array.", param="messages"
+        )
     if len(messages) > max_messages:
-        raise GatewayError(400, f"'messages' has more than {max_messages} entries "
-                                "(FIRSTTOKEN_MAX_MESSAGES).", param="messages",
-                           code="too_many_messages")
+        raise GatewayError(
+            400,
+            f"'messages' has more than {max_messages} entries (FIRSTTOKEN_MAX_MESSAGES).",
+            param="messages",
+            code="too_many_messages",
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise GatewayError(400, f"messages[{i}] must be an object with a string 'role'.",
-                               param=f"messages[{i}]")
+            raise GatewayError(
+                400,
+                f"messages[{i}] must be an object with a string 'role'.",
+                param=f"messages[{i}]",
+            )
     _validate_stream(body)
 
 
 def validate_completion(body: dict) -> None:
     prompt = body.get("prompt")
     if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
-        raise GatewayError(400, "'prompt' is required (a string, or an array of strings or tokens).",
-                           param="prompt")
+        raise GatewayError(
+            400,
+            "'prompt' is required (a string, or an array of strings or tokens).",
+            param="prompt",
+        )
     _validate_stream(body)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,8 +20,8 @@ from gateway.upstream_paths import FAMILIES
 
 RouteKind = Literal["openai", "anthropic", "local"]
 MATCH_CACHE_SIZE = 4096
-MATCH_CACHE_BYTES = 256 * 1024   # model names are client input: bound the cache by bytes too
-MATCH_CACHE_NAME_CHARS = 256     # and never keep a long one
+MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
+MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
 
 
 class Route(BaseModel):
@@ -44,7 +45,7 @@ class Route(BaseModel):
     demo: bool = False
 
     @model_validator(mode="after")
-    def _needs_target(self) -> "Route":
+    def _needs_target(self) -> Route:
         if self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
         if self.passthrough:
@@ -52,8 +53,10 @@ class Route(BaseModel):
                 raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
             unknown = sorted(set(self.passthrough) - FAMILIES)
             if unknown:
-                raise ValueError(f"route {self.name!r}: unknown passthrough families {unknown}; "
-                                 f"known: {', '.join(sorted(FAMILIES))}")
+                raise ValueError(
+                    f"route {self.name!r}: unknown passthrough families {unknown}; "
+                    f"known: {', '.join(sorted(FAMILIES))}"
+                )
         return self
 
     def allows_passthrough(self, family: str) -> bool:
@@ -95,8 +98,11 @@ class RouteTable:
             pass
         route = next((r for r in self.routes if r.matches(model)), None)
         # Model names are few in practice, but they are client input: bound entries and bytes.
-        if (len(model) <= MATCH_CACHE_NAME_CHARS and len(self._matched) < MATCH_CACHE_SIZE
-                and self._matched_bytes + len(model) <= MATCH_CACHE_BYTES):
+        if (
+            len(model) <= MATCH_CACHE_NAME_CHARS
+            and len(self._matched) < MATCH_CACHE_SIZE
+            and self._matched_bytes + len(model) <= MATCH_CACHE_BYTES
+        ):
             self._matched[model] = route
             self._matched_bytes += len(model)
         return route
@@ -138,14 +144,36 @@ def parse_routes(raw: str) -> list[Route]:
 
 
 PROVIDER_DEFAULTS = (
-    ("OPENAI_API_KEY", Route(name="openai", models=("*",), kind="openai",
-                             base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY")),
-    ("ANTHROPIC_API_KEY", Route(name="anthropic", models=("claude-*",), kind="anthropic",
-                                base_url="https://api.anthropic.com/v1",
-                                api_key_env="ANTHROPIC_API_KEY")),
-    ("DEEPSEEK_API_KEY", Route(name="deepseek", models=("deepseek-*",), kind="openai",
-                               base_url="https://api.deepseek.com/v1",
-                               api_key_env="DEEPSEEK_API_KEY")),
+    (
+        "OPENAI_API_KEY",
+        Route(
+            name="openai",
+            models=("*",),
+            kind="openai",
+            base_url="https://api.openai.com/v1",
+            api_key_env="OPENAI_API_KEY",
+        ),
+    ),
+    (
+        "ANTHROPIC_API_KEY",
+        Route(
+            name="anthropic",
+            models=("claude-*",),
+            kind="anthropic",
+            base_url="https://api.anthropic.com/v1",
+            api_key_env="ANTHROPIC_API_KEY",
+        ),
+    ),
+    (
+        "DEEPSEEK_API_KEY",
+        Route(
+            name="deepseek",
+            models=("deepseek-*",),
+            kind="openai",
+            base_url="https://api.deepseek.com/v1",
+            api_key_env="DEEPSEEK_API_KEY",
+        ),
+    ),
 )
 
 

@@ -42,9 +42,8 @@ class HeadLimits:
     max_headers: int = 100
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "HeadLimits":
-        return cls(settings.max_request_line_bytes, settings.max_header_bytes,
-                   settings.max_headers)
+    def from_settings(cls, settings: Settings) -> HeadLimits:
+        return cls(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_headers)
 
 
 class _Rejected(Exception):
@@ -67,9 +66,15 @@ class FrontDoorProtocol(HttpToolsProtocol):
     linear time only, and its field count is exact regardless.
     """
 
-    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *,
-                 limits: HeadLimits = HeadLimits()) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: HeadLimits = HeadLimits(),
+    ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
         self._head_bytes: int | None = 0  # bytes of the current head fed so far; None in a body
@@ -101,9 +106,11 @@ class FrontDoorProtocol(HttpToolsProtocol):
             if not self._feed(memoryview(view)[:room]):
                 return
             if self._heads_done == done:
-                self._reject(431, f"The request head exceeds {limit} bytes "
-                                  "(FIRSTTOKEN_MAX_HEADER_BYTES).",
-                             "request_header_fields_too_large")
+                self._reject(
+                    431,
+                    f"The request head exceeds {limit} bytes (FIRSTTOKEN_MAX_HEADER_BYTES).",
+                    "request_header_fields_too_large",
+                )
                 return
             view = memoryview(view)[room:]
 
@@ -135,18 +142,25 @@ class FrontDoorProtocol(HttpToolsProtocol):
         target = len(self.url) + len(url)
         limit = self.limits.max_request_line_bytes
         if target + _LINE_SLACK > limit and (
-                target + len(self.parser.get_method()) + 1 + _VERSION_BYTES > limit):
-            raise _Rejected(414, f"The request line exceeds {limit} bytes "
-                                 "(FIRSTTOKEN_MAX_REQUEST_LINE_BYTES).", "uri_too_long")
+            target + len(self.parser.get_method()) + 1 + _VERSION_BYTES > limit
+        ):
+            raise _Rejected(
+                414,
+                f"The request line exceeds {limit} bytes (FIRSTTOKEN_MAX_REQUEST_LINE_BYTES).",
+                "uri_too_long",
+            )
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # uvicorn's own, plus the count; inline, as this runs for every header of every request.
         self._fields += 1
         if self._fields > self.limits.max_headers:
-            raise _Rejected(431, f"The request has more than {self.limits.max_headers} header "
-                                 "fields (FIRSTTOKEN_MAX_HEADERS).",
-                            "request_header_fields_too_large")
+            raise _Rejected(
+                431,
+                f"The request has more than {self.limits.max_headers} header "
+                "fields (FIRSTTOKEN_MAX_HEADERS).",
+                "request_header_fields_too_large",
+            )
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -171,8 +185,12 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if (self._deferred is not None and not self.pipeline and self.cycle.response_complete
-                and not self.transport.is_closing()):
+        if (
+            self._deferred is not None
+            and not self.pipeline
+            and self.cycle.response_complete
+            and not self.transport.is_closing()
+        ):
             self._unset_keepalive_if_required()
             self._answer(*self._deferred)
 
@@ -193,9 +211,16 @@ class FrontDoorProtocol(HttpToolsProtocol):
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
-        content.extend([b"content-type: application/json\r\n",
-                        b"content-length: ", str(len(body)).encode(), b"\r\n",
-                        b"connection: close\r\n\r\n", body])
+        content.extend(
+            [
+                b"content-type: application/json\r\n",
+                b"content-length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
         self.transport.write(b"".join(content))
         # Closing with unread input would reset the connection and could discard the answer
         # before the client reads it: half-close, drop what still arrives, close a bit later.
@@ -206,8 +231,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def server_config(app: Any, settings: Settings, *, host: str, port: int,
-                  **options: Any) -> uvicorn.Config:
+def server_config(
+    app: Any, settings: Settings, *, host: str, port: int, **options: Any
+) -> uvicorn.Config:
     """The uvicorn `Config` for `app`: the front-door protocol with `settings`' head limits.
 
     `options` are passed through to uvicorn (log level, loop, lifespan, keep-alive...); the HTTP
@@ -216,5 +242,4 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int,
     """
     options.setdefault("ws", "none")
     protocol = functools.partial(FrontDoorProtocol, limits=HeadLimits.from_settings(settings))
-    return uvicorn.Config(app, host=host, port=port,
-                          http=protocol, **options)  # type: ignore[arg-type]
+    return uvicorn.Config(app, host=host, port=port, http=protocol, **options)  # type: ignore[arg-type]

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import logging
 import itertools
+import logging
 import os
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
-from policies import PolicyContext
-from policies.tokens import warm_up as warm_up_tokens
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,14 +18,20 @@ from gateway.big_bodies import PreEncoded, Prepared, Refused, dumps_settings, pr
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.ownership import Ownership, find_references, might_reference
-from gateway.policy_runner import (POLICY_HEADER, PolicyRunner, prepared_report_headers,
-                                   report_headers)
+from gateway.policy_runner import (
+    POLICY_HEADER,
+    PolicyRunner,
+    prepared_report_headers,
+    report_headers,
+)
 from gateway.proxy import Plan, Proxy
 from gateway.request_body import parse_request, read_body, upstream_body
 from gateway.routes import Route, RouteTable, load_routes
 from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
 from gateway.timing import RequestTiming
 from gateway.upstreams import Upstream, build_upstream
+from policies import PolicyContext
+from policies.tokens import warm_up as warm_up_tokens
 
 log = logging.getLogger("firsttoken")
 
@@ -46,8 +50,15 @@ def embedded_default_routes(settings: Settings) -> list[Route]:
     """With no route and no provider key, the bundled engine serves every model name."""
     if not engine_installed():
         return []
-    return [Route(name="local", models=("*",), kind="local", model_path=settings.engine_model,
-                  demo=not settings.engine_model)]
+    return [
+        Route(
+            name="local",
+            models=("*",),
+            kind="local",
+            model_path=settings.engine_model,
+            demo=not settings.engine_model,
+        )
+    ]
 
 
 class Gateway:
@@ -55,8 +66,9 @@ class Gateway:
         environ = os.environ if environ is None else environ
         self.settings = settings
         try:
-            self.keys = KeyRing(parse_tenant_keys(settings.tenant_keys),
-                                parse_admin_keys(settings.admin_keys))
+            self.keys = KeyRing(
+                parse_tenant_keys(settings.tenant_keys), parse_admin_keys(settings.admin_keys)
+            )
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         table = load_routes(settings.routes, environ)
@@ -64,18 +76,25 @@ class Gateway:
             table = RouteTable(embedded_default_routes(settings))
         self.table = table
         self.upstreams: dict[str, Upstream] = {
-            r.name: build_upstream(r, settings, environ) for r in table.routes}
+            r.name: build_upstream(r, settings, environ) for r in table.routes
+        }
         self.proxy = Proxy(settings, self.upstreams)
         self.policies = PolicyRunner(settings, table.routes, environ)
         self.telemetry = self._telemetry(settings, environ)
         self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
         self.offload = HeavyWork(
-            settings.policy_thread_min_bytes, process_min_bytes=settings.big_body_bytes,
+            settings.policy_thread_min_bytes,
+            process_min_bytes=settings.big_body_bytes,
             process_workers=settings.big_body_workers if table.first_of_kind("openai") else 0,
-            process_init=(worker_init, (dumps_settings(settings),
-                                        [r.model_dump(mode="json") for r in table.routes],
-                                        {ENV_PREFIX + k: v
-                                         for k, v in policy_options(environ).items()})))
+            process_init=(
+                worker_init,
+                (
+                    dumps_settings(settings),
+                    [r.model_dump(mode="json") for r in table.routes],
+                    {ENV_PREFIX + k: v for k, v in policy_options(environ).items()},
+                ),
+            ),
+        )
         self._started: dict[str, asyncio.Task] = {}
         self._warmups: list[asyncio.Task] = []
         self._processes_started: asyncio.Future | None = None
@@ -91,11 +110,17 @@ class Gateway:
             variable = "FIRSTTOKEN_REDIS_URL" if settings.redis_url else "REDIS_URL"
             check_redis_url(redis_url, variable, cluster=settings.redis_cluster)
         return Telemetry.create(
-            redis_url=redis_url, key_prefix=settings.metrics_key_prefix,
-            retention_s=settings.metrics_retention, buffer_max=settings.telemetry_buffer,
-            max_tenants=settings.metrics_max_tenants, slo_default_ms=settings.ttft_slo_ms,
-            slo_tenants=settings.slo_targets(), slo_objective=settings.ttft_slo_objective,
-            enabled=settings.telemetry, redis_cluster=settings.redis_cluster)
+            redis_url=redis_url,
+            key_prefix=settings.metrics_key_prefix,
+            retention_s=settings.metrics_retention,
+            buffer_max=settings.telemetry_buffer,
+            max_tenants=settings.metrics_max_tenants,
+            slo_default_ms=settings.ttft_slo_ms,
+            slo_tenants=settings.slo_targets(),
+            slo_objective=settings.ttft_slo_objective,
+            enabled=settings.telemetry,
+            redis_cluster=settings.redis_cluster,
+        )
 
     # lifecycle -----------------------------------------------------------------------------
 
@@ -149,8 +174,11 @@ class Gateway:
 
     def ready(self) -> bool:
         tasks = [*self._started.values(), *self._warmups]
-        return bool(self.upstreams) and bool(tasks) and all(
-            t.done() and not t.cancelled() and t.exception() is None for t in tasks)
+        return (
+            bool(self.upstreams)
+            and bool(tasks)
+            and all(t.done() and not t.cancelled() and t.exception() is None for t in tasks)
+        )
 
     async def aclose(self) -> None:
         for task in [*self._started.values(), *self._warmups]:
@@ -169,8 +197,11 @@ class Gateway:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
             raw = await read_body(request, settings.max_body_bytes)
-            big = (await self._prepare_big(request, endpoint, tenant, raw)
-                   if self.offload.is_big(len(raw)) else None)
+            big = (
+                await self._prepare_big(request, endpoint, tenant, raw)
+                if self.offload.is_big(len(raw))
+                else None
+            )
             if big is not None:
                 model, body = big.model, None
             else:
@@ -179,13 +210,22 @@ class Gateway:
             if route is None:
                 if not self.table.routes:
                     raise GatewayError(503, NO_ROUTE_HELP, code="no_route_configured")
-                raise GatewayError(404, f"The model '{model}' is not served by any route.",
-                                   param="model", code="model_not_found")
+                raise GatewayError(
+                    404,
+                    f"The model '{model}' is not served by any route.",
+                    param="model",
+                    code="model_not_found",
+                )
             await self.upstream_ready(route.name)
             chain = [route, *[r for r in self.table.chain(route)[1:] if await self._usable(r)]]
             stream = big.stream if big is not None else bool(body.get("stream"))
-            timing = RequestTiming(tenant=tenant, model=model, stream=stream, arrival=arrival,
-                                   wall_arrival=wall_arrival)
+            timing = RequestTiming(
+                tenant=tenant,
+                model=model,
+                stream=stream,
+                arrival=arrival,
+                wall_arrival=wall_arrival,
+            )
             if big is not None:
                 if self.objects.enabled:  # a `file` part names an upload
                     await self.objects.routes_of(tenant, big.references)
@@ -193,53 +233,97 @@ class Gateway:
             else:
                 heavy = self.offload.is_heavy(len(raw))
                 if self.objects.enabled and might_reference(raw):
-                    ids = (await self.offload.run(tenant, find_references, body) if heavy
-                           else find_references(body))
+                    ids = (
+                        await self.offload.run(tenant, find_references, body)
+                        if heavy
+                        else find_references(body)
+                    )
                     await self.objects.routes_of(tenant, ids)  # 404 unless all are the tenant's
-                plan = await self._plan(request, endpoint, tenant, body, model, chain, stream,
-                                        timing, heavy)
+                plan = await self._plan(
+                    request, endpoint, tenant, body, model, chain, stream, timing, heavy
+                )
         except GatewayError as exc:
             return exc.to_response()
         if stream:
             return self.proxy.stream(plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
 
-    async def _prepare_big(self, request: Request, endpoint: str, tenant: str,
-                           raw: bytes) -> Prepared | None:
+    async def _prepare_big(
+        self, request: Request, endpoint: str, tenant: str, raw: bytes
+    ) -> Prepared | None:
         """A big body's parse, checks and policies, done by a worker process; None when its
         routes need it parsed here (see `gateway.big_bodies`)."""
         outcome = await self.offload.run_in_process(
-            tenant, prepare, raw, endpoint, tenant, request.headers.get(POLICY_HEADER),
-            self.objects.enabled, self.telemetry.enabled)
+            tenant,
+            prepare,
+            raw,
+            endpoint,
+            tenant,
+            request.headers.get(POLICY_HEADER),
+            self.objects.enabled,
+            self.telemetry.enabled,
+        )
         if isinstance(outcome, Refused):
             raise outcome.error()
         return outcome if isinstance(outcome, Prepared) else None
 
-    def _plan_big(self, request: Request, endpoint: str, tenant: str, big: Prepared,
-                  chain: list[Route], timing: RequestTiming) -> Plan:
-        bodies = {name: PreEncoded(b.encoded, b.upstream_model, big.stream)
-                  for name, b in big.bodies.items()}
+    def _plan_big(
+        self,
+        request: Request,
+        endpoint: str,
+        tenant: str,
+        big: Prepared,
+        chain: list[Route],
+        timing: RequestTiming,
+    ) -> Plan:
+        bodies = {
+            name: PreEncoded(b.encoded, b.upstream_model, big.stream)
+            for name, b in big.bodies.items()
+        }
         applied = ",".join(big.applied) if big.applied is not None else "none"
         late = None
         if big.applied is not None:
             timing.prompt_tokens_saved = big.tokens_saved or 0
-            report = asyncio.ensure_future(prepared_report_headers(
-                self.telemetry, tenant, big.tokens_saved, big.cache_key, big.fingerprints,
-                self.offload))
+            report = asyncio.ensure_future(
+                prepared_report_headers(
+                    self.telemetry,
+                    tenant,
+                    big.tokens_saved,
+                    big.cache_key,
+                    big.fingerprints,
+                    self.offload,
+                )
+            )
 
             def late():
                 return report
+
         telemetry = self.telemetry
         return Plan(
-            endpoint=endpoint, tenant=tenant, request_id=next_request_id(), chain=chain,
-            bodies=lambda route: bodies[route.name], client_wants_usage=big.client_wants_usage,
-            response_headers={"x-firsttoken-policies": applied}, late_headers=late,
+            endpoint=endpoint,
+            tenant=tenant,
+            request_id=next_request_id(),
+            chain=chain,
+            bodies=lambda route: bodies[route.name],
+            client_wants_usage=big.client_wants_usage,
+            response_headers={"x-firsttoken-policies": applied},
+            late_headers=late,
             forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
         )
 
-    async def _plan(self, request: Request, endpoint: str, tenant: str, body: dict, model: str,
-                    chain: list[Route], stream: bool, timing: RequestTiming, heavy: bool) -> Plan:
+    async def _plan(
+        self,
+        request: Request,
+        endpoint: str,
+        tenant: str,
+        body: dict,
+        model: str,
+        chain: list[Route],
+        stream: bool,
+        timing: RequestTiming,
+        heavy: bool,
+    ) -> Plan:
         names = self.policies.names_for(chain[0], request.headers.get(POLICY_HEADER))
         client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         bodies: dict[str, dict] = {}
@@ -250,12 +334,12 @@ class Gateway:
             if cached is not None:
                 return cached
             upstream_model = route.upstream_model(model)
-            ctx = PolicyContext(endpoint=endpoint, route_kind=route.kind, model=upstream_model,
-                                tenant=tenant)
+            ctx = PolicyContext(
+                endpoint=endpoint, route_kind=route.kind, model=upstream_model, tenant=tenant
+            )
             result = self.policies.apply(names, body, ctx)
             results[route.name] = result
-            out = upstream_body(result.body if result is not None else body, upstream_model,
-                                stream)
+            out = upstream_body(result.body if result is not None else body, upstream_model, stream)
             bodies[route.name] = out
             return out
 
@@ -268,17 +352,25 @@ class Gateway:
         late = None
         if primary is not None:
             # Token counts and prefix diagnostics run while the upstream request is in flight.
-            report = asyncio.ensure_future(report_headers(
-                self.telemetry, tenant, primary, self.offload if heavy else None))
+            report = asyncio.ensure_future(
+                report_headers(self.telemetry, tenant, primary, self.offload if heavy else None)
+            )
             report.add_done_callback(lambda _: _note_saved(timing, primary))
 
             def late():
                 return report
+
         telemetry = self.telemetry
         return Plan(
-            endpoint=endpoint, tenant=tenant, request_id=next_request_id(), chain=chain,
-            bodies=body_for, client_wants_usage=client_wants_usage, response_headers=headers,
-            late_headers=late, forward_headers=_forwardable(request),
+            endpoint=endpoint,
+            tenant=tenant,
+            request_id=next_request_id(),
+            chain=chain,
+            bodies=body_for,
+            client_wants_usage=client_wants_usage,
+            response_headers=headers,
+            late_headers=late,
+            forward_headers=_forwardable(request),
             on_finish=lambda t: telemetry.record(t.to_event()),
         )
 

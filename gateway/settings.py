@@ -8,7 +8,7 @@ to fix without reading a traceback.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,36 +27,51 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False)
 
     # Routing and upstreams
-    routes: str | None = Field(None, description="JSON list of routes; unset: derived from provider keys")
+    routes: str | None = Field(
+        None, description="JSON list of routes; unset: derived from provider keys"
+    )
     timeout_s: float = Field(600.0, gt=0, description="default whole-request upstream timeout")
     connect_timeout_s: float = Field(10.0, gt=0)
-    first_token_timeout_s: float | None = Field(None, gt=0, description="default time to first event")
+    first_token_timeout_s: float | None = Field(
+        None, gt=0, description="default time to first event"
+    )
     retry_attempts: int = Field(2, ge=1, le=10, description="attempts per route before a fallback")
     keepalive_s: float = Field(10.0, gt=0, description="SSE comment interval while no event came")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     pool_size: int = Field(256, ge=1, description="max connections per upstream")
 
     # Limits on what a client sends (checked before parsing; see README, "Security model")
-    max_request_line_bytes: int = Field(8 * 1024, ge=256, description="method + target + version (414)")
+    max_request_line_bytes: int = Field(
+        8 * 1024, ge=256, description="method + target + version (414)"
+    )
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers (431)")
     max_headers: int = Field(100, ge=8, description="header fields per request (431)")
     max_json_depth: int = Field(64, ge=4, le=200, description="nesting of the JSON body (400)")
     max_json_containers: int = Field(
-        100_000, ge=100, description="'{' and '[' in a JSON body, strings included (400)")
+        100_000, ge=100, description="'{' and '[' in a JSON body, strings included (400)"
+    )
     max_messages: int = Field(4096, ge=1, description="messages in one chat request (400)")
     max_model_chars: int = Field(256, ge=8, description="length of 'model' (400)")
-    max_upload_bytes: int = Field(512 * 1024 * 1024, gt=0,
-                                  description="non-JSON passthrough bodies (file uploads, 413)")
+    max_upload_bytes: int = Field(
+        512 * 1024 * 1024, gt=0, description="non-JSON passthrough bodies (file uploads, 413)"
+    )
     policy_thread_min_bytes: int = Field(
-        64 * 1024, ge=0, description="bodies at least this big run their policies off the event loop")
+        64 * 1024,
+        ge=0,
+        description="bodies at least this big run their policies off the event loop",
+    )
     big_body_bytes: int = Field(
-        1024 * 1024, ge=1, description="bodies at least this big are parsed in worker processes")
-    big_body_workers: int = Field(2, ge=0, le=16, description="worker processes for big bodies; 0: none")
+        1024 * 1024, ge=1, description="bodies at least this big are parsed in worker processes"
+    )
+    big_body_workers: int = Field(
+        2, ge=0, le=16, description="worker processes for big bodies; 0: none"
+    )
 
     # Limits on what an upstream sends back
     max_event_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one upstream SSE event")
-    max_response_bytes: int = Field(64 * 1024 * 1024, ge=1024,
-                                    description="one non-streaming upstream body")
+    max_response_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="one non-streaming upstream body"
+    )
 
     # Tenants
     tenant_keys: str = Field("", description="tenant:key,tenant:key; unset: open, tenant 'default'")
@@ -84,7 +99,9 @@ class Settings(BaseSettings):
     engine_dtype: str | None = None
     engine_max_num_batched_tokens: int = Field(512, ge=16)
     engine_isolate_tenants: bool | None = Field(
-        None, description="tenants never share prefix-cache blocks; unset: on when tenant keys are set")
+        None,
+        description="tenants never share prefix-cache blocks; unset: on when tenant keys are set",
+    )
 
     log_level: str = "info"
 
@@ -129,7 +146,7 @@ def policy_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     for name, value in environ.items():
         upper = name.upper()
         if upper.startswith(ENV_PREFIX):
-            key = upper[len(ENV_PREFIX):]
+            key = upper[len(ENV_PREFIX) :]
             if key.startswith(POLICY_OPTION_PREFIXES):
                 options[key] = value
     return options

@@ -27,8 +27,8 @@ SSE_HEADERS = {
 
 @dataclass(slots=True)
 class SSEEvent:
-    raw: bytes               # the event's bytes as received, terminator included
-    data: bytes | None       # joined `data:` lines, None for comment-only events
+    raw: bytes  # the event's bytes as received, terminator included
+    data: bytes | None  # joined `data:` lines, None for comment-only events
     event: str | None = None
 
 
@@ -50,12 +50,12 @@ class SSEParser:
     its end arrives, and only the new bytes are searched for that end.
     """
 
-    __slots__ = ("_parts", "_size", "_cr", "_limit")
+    __slots__ = ("_cr", "_limit", "_parts", "_size")
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
-        self._parts: list[bytes] = []   # the partial event held, in pieces
+        self._parts: list[bytes] = []  # the partial event held, in pieces
         self._size = 0
-        self._cr = False          # the last chunk ended in `\r`: a leading `\n` belongs to it
+        self._cr = False  # the last chunk ended in `\r`: a leading `\n` belongs to it
         self._limit = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
@@ -74,7 +74,7 @@ class SSEParser:
                 break
             if end + 2 - start > self._limit:
                 raise EventTooLarge(self._limit, events)
-            events.append(_parse_event(buffer[start:end + 2]))
+            events.append(_parse_event(buffer[start : end + 2]))
             start = end + 2
         if start < len(buffer):
             self._hold(buffer[start:] if start else buffer, events)

@@ -55,12 +55,20 @@ class RequestTiming:
             if gaps > 0 and self.last_content_out is not None:
                 mean_itl = (self.last_content_out - self.first_content_out) / gaps
         return RequestEvent(
-            tenant=self.tenant, route=self.route, model=self.model, stream=self.stream,
-            status=self.status, ttft_s=ttft, upstream_ttft_s=upstream_ttft,
-            total_s=end - self.arrival, output_tokens=output_tokens, mean_itl_s=mean_itl,
+            tenant=self.tenant,
+            route=self.route,
+            model=self.model,
+            stream=self.stream,
+            status=self.status,
+            ttft_s=ttft,
+            upstream_ttft_s=upstream_ttft,
+            total_s=end - self.arrival,
+            output_tokens=output_tokens,
+            mean_itl_s=mean_itl,
             prompt_tokens=token_count(usage.get("prompt_tokens")),
             cached_prompt_tokens=token_count(details.get("cached_tokens")),
-            prompt_tokens_saved=self.prompt_tokens_saved, fallback=self.fallback,
+            prompt_tokens_saved=self.prompt_tokens_saved,
+            fallback=self.fallback,
             ts=self.wall_arrival,
         )
 

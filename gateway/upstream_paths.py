@@ -28,37 +28,76 @@ from gateway.errors import GatewayError
 # Path families the gateway forwards. `chat` and `completions` are the hot paths (served only as
 # POST /v1/chat/completions and /v1/completions); realtime and chatkit mint client secrets for
 # the route's account, and organization/projects are the account's admin API: never forwarded.
-FAMILIES: frozenset[str] = frozenset({
-    "assistants", "audio", "batches", "containers", "conversations", "embeddings", "evals",
-    "files", "fine_tuning", "images", "models", "moderations", "responses", "threads", "uploads",
-    "vector_stores", "videos",
-})
+FAMILIES: frozenset[str] = frozenset(
+    {
+        "assistants",
+        "audio",
+        "batches",
+        "containers",
+        "conversations",
+        "embeddings",
+        "evals",
+        "files",
+        "fine_tuning",
+        "images",
+        "models",
+        "moderations",
+        "responses",
+        "threads",
+        "uploads",
+        "vector_stores",
+        "videos",
+    }
+)
 
 # Families whose creates return objects a tenant owns, with the collection's path (after /v1/).
 OBJECT_COLLECTIONS: dict[str, tuple[str, ...]] = {
-    **{name: (name,) for name in (
-        "assistants", "batches", "containers", "conversations", "evals", "files", "responses",
-        "threads", "uploads", "vector_stores", "videos")},
+    **{
+        name: (name,)
+        for name in (
+            "assistants",
+            "batches",
+            "containers",
+            "conversations",
+            "evals",
+            "files",
+            "responses",
+            "threads",
+            "uploads",
+            "vector_stores",
+            "videos",
+        )
+    },
     "fine_tuning": ("fine_tuning", "jobs"),
 }
 # Second-level words of an object collection that are actions, not ids.
-COLLECTION_ACTIONS: frozenset[tuple[str, str]] = frozenset({
-    ("responses", "input_tokens"), ("responses", "compact"), ("threads", "runs"),
-})
+COLLECTION_ACTIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("responses", "input_tokens"),
+        ("responses", "compact"),
+        ("threads", "runs"),
+    }
+)
 
 # Paths that take multipart (or raw) uploads; `*` stands for one id segment. In tenant mode
 # every other body must be JSON, which is what the reference checks read.
 UPLOAD_PATHS: tuple[tuple[str, ...], ...] = (
-    ("files",), ("uploads", "*", "parts"), ("images", "edits"), ("images", "variations"),
-    ("audio", "transcriptions"), ("audio", "translations"), ("containers", "*", "files"),
-    ("videos",), ("videos", "*", "remix"),
+    ("files",),
+    ("uploads", "*", "parts"),
+    ("images", "edits"),
+    ("images", "variations"),
+    ("audio", "transcriptions"),
+    ("audio", "translations"),
+    ("containers", "*", "files"),
+    ("videos",),
+    ("videos", "*", "remix"),
 )
 
 MAX_SEGMENTS = 16
 MAX_PATH_BYTES = 2048
 MAX_QUERY_FIELDS = 64
-SEGMENT_SAFE = "!$&'()*+,;=:@"          # pchar minus unreserved (RFC 3986 §3.3), as the SDK
-QUERY_SAFE = "!$'()*+,;:@"               # query chars minus '&', '=', '/' and '?'
+SEGMENT_SAFE = "!$&'()*+,;=:@"  # pchar minus unreserved (RFC 3986 §3.3), as the SDK
+QUERY_SAFE = "!$'()*+,;:@"  # query chars minus '&', '=', '/' and '?'
 _RAW_SEGMENT = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+")
 _PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@]+")
 _ENCODED_DOT = re.compile(rb"%2e", re.IGNORECASE)
@@ -79,7 +118,7 @@ class PassPath:
     def collection(self) -> tuple[str, ...] | None:
         """The object collection this path lies in (`("files",)`), or None."""
         prefix = OBJECT_COLLECTIONS.get(self.family)
-        if prefix is not None and self.segments[:len(prefix)] == prefix:
+        if prefix is not None and self.segments[: len(prefix)] == prefix:
             return prefix
         return None
 
@@ -104,15 +143,20 @@ class PassPath:
     def is_object(self) -> bool:
         """Exactly `/v1/files/{id}`: a DELETE here removes the object."""
         prefix = self.collection
-        return (prefix is not None and len(self.segments) == len(prefix) + 1
-                and self.object_id is not None)
+        return (
+            prefix is not None
+            and len(self.segments) == len(prefix) + 1
+            and self.object_id is not None
+        )
 
     @property
     def takes_upload(self) -> bool:
         """Whether a multipart or raw (non-JSON) body is expected here."""
-        return any(len(p) == len(self.segments)
-                   and all(w == "*" or w == s for w, s in zip(p, self.segments))
-                   for p in UPLOAD_PATHS)
+        return any(
+            len(p) == len(self.segments)
+            and all(w == "*" or w == s for w, s in zip(p, self.segments, strict=False))
+            for p in UPLOAD_PATHS
+        )
 
     def display(self) -> str:
         return "/v1/" + "/".join(self.segments)[:200]
@@ -137,17 +181,25 @@ def parse_target(raw_path: bytes, query_string: bytes = b"") -> PassPath:
         if not raw:
             raise bad_path("The request path has an empty segment ('//' or a trailing '/').")
         if not _RAW_SEGMENT.fullmatch(raw) or _ENCODED_DOT.search(raw):
-            raise bad_path("The request path has a character or escape that is not allowed "
-                           "(encoded dots, separators or control characters).")
+            raise bad_path(
+                "The request path has a character or escape that is not allowed "
+                "(encoded dots, separators or control characters)."
+            )
         segment = unquote(raw.decode("ascii"), errors="replace") if b"%" in raw else raw.decode()
         if segment in (".", "..") or not _PLAIN_SEGMENT.fullmatch(segment):
-            raise bad_path("The request path has a dot segment or an encoded character that "
-                           "is not allowed ('/', '\\', '?', '#', '%', control characters).")
+            raise bad_path(
+                "The request path has a dot segment or an encoded character that "
+                "is not allowed ('/', '\\', '?', '#', '%', control characters)."
+            )
         segments.append(segment)
     path = PassPath(tuple(segments), parse_query(query_string))
     if path.family not in FAMILIES:
-        hint = (" Chat and completions are served only as POST /v1/chat/completions and "
-                "POST /v1/completions." if path.family in ("chat", "completions") else "")
+        hint = (
+            " Chat and completions are served only as POST /v1/chat/completions and "
+            "POST /v1/completions."
+            if path.family in ("chat", "completions")
+            else ""
+        )
         raise GatewayError(404, f"Unknown path {path.display()}.{hint}", code="unknown_url")
     return path
 
@@ -156,11 +208,18 @@ def parse_query(query_string: bytes) -> tuple[tuple[str, str], ...]:
     if not query_string:
         return ()
     try:
-        pairs = parse_qsl(query_string.decode("ascii"), keep_blank_values=True,
-                          strict_parsing=False, errors="strict", max_num_fields=MAX_QUERY_FIELDS)
+        pairs = parse_qsl(
+            query_string.decode("ascii"),
+            keep_blank_values=True,
+            strict_parsing=False,
+            errors="strict",
+            max_num_fields=MAX_QUERY_FIELDS,
+        )
     except (UnicodeDecodeError, ValueError):
-        raise bad_path(f"The query string is not valid (at most {MAX_QUERY_FIELDS} fields of "
-                       "percent-encoded UTF-8).") from None
+        raise bad_path(
+            f"The query string is not valid (at most {MAX_QUERY_FIELDS} fields of "
+            "percent-encoded UTF-8)."
+        ) from None
     return tuple(pairs)
 
 
@@ -173,12 +232,21 @@ def parse_base(base_url: str) -> URL:
 def upstream_url(base_url: str, path: PassPath) -> URL:
     """The route's base URL plus the re-encoded segments and query: same origin by construction."""
     base = parse_base(base_url)
-    raw_path = base.raw_path.rstrip("/") + "/" + "/".join(
-        quote(s, safe=SEGMENT_SAFE) for s in path.segments)
-    query = "&".join(quote(k, safe=QUERY_SAFE) + "=" + quote(v, safe=QUERY_SAFE)
-                     for k, v in path.query)
-    url = URL.build(scheme=base.scheme, authority=base.raw_authority, path=raw_path,
-                    query_string=query, encoded=True)
+    raw_path = (
+        base.raw_path.rstrip("/")
+        + "/"
+        + "/".join(quote(s, safe=SEGMENT_SAFE) for s in path.segments)
+    )
+    query = "&".join(
+        quote(k, safe=QUERY_SAFE) + "=" + quote(v, safe=QUERY_SAFE) for k, v in path.query
+    )
+    url = URL.build(
+        scheme=base.scheme,
+        authority=base.raw_authority,
+        path=raw_path,
+        query_string=query,
+        encoded=True,
+    )
     if url.origin() != base.origin():  # cannot happen; the key must never go elsewhere
         raise GatewayError(500, "Internal gateway error.")
     return url

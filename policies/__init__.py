@@ -14,7 +14,12 @@ from policies.config import (
     parse_options,
     parse_policy_list,
 )
-from policies.diagnostics import PrefixBreak, PrefixFingerprints, find_prefix_break, stable_prefix_tokens
+from policies.diagnostics import (
+    PrefixBreak,
+    PrefixFingerprints,
+    find_prefix_break,
+    stable_prefix_tokens,
+)
 from policies.tokens import count_request_tokens
 
 

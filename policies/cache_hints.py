@@ -64,7 +64,7 @@ def _without_passage_bodies(text: str) -> str:
     pieces: list[str] = []
     cursor = 0
     for passage in find_passages(text):
-        pieces += (text[cursor:passage.start], passage.open_tag(text), "</passage>")
+        pieces += (text[cursor : passage.start], passage.open_tag(text), "</passage>")
         cursor = passage.end
     pieces.append(text[cursor:])
     return "".join(pieces)
@@ -109,8 +109,10 @@ def _breakpoint_messages(messages: list[Any]) -> tuple[int | None, int | None, i
             break
         system_end = index
     stable = [
-        index for index, message in enumerate(messages)
-        if not is_volatile_note(message) and isinstance(message, dict)
+        index
+        for index, message in enumerate(messages)
+        if not is_volatile_note(message)
+        and isinstance(message, dict)
         and not is_empty_content(message.get("content"))
     ]
     last_stable = stable[-1] if stable else None
@@ -163,7 +165,10 @@ def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[di
             ttl = targets.get(index)
             if ttl is None or prefix < minimum or len(placed) >= ANTHROPIC_MAX_BREAKPOINTS:
                 continue
-            new_messages[index] = {**message, "content": _mark_content(message["content"], _marker(ttl))}
+            new_messages[index] = {
+                **message,
+                "content": _mark_content(message["content"], _marker(ttl)),
+            }
             placed.append(f"messages[{index}]")
         result["messages"] = new_messages
     return result, placed

@@ -24,14 +24,52 @@ from policies.request import SYSTEM_ROLES, map_message_text, tool_function_name
 from policies.volatile import PlaceholderTable, insert_note, is_volatile_note, note_message
 
 REQUEST_ORDER = (
-    "model", "messages", "prompt", "suffix", "tools", "tool_choice", "parallel_tool_calls",
-    "functions", "function_call", "response_format", "modalities", "audio", "prediction",
-    "reasoning_effort", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "stop",
-    "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
-    "echo", "best_of", "stream", "stream_options", "store", "metadata", "service_tier", "user",
-    "prompt_cache_key", "prompt_cache_retention",
+    "model",
+    "messages",
+    "prompt",
+    "suffix",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "temperature",
+    "top_p",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "best_of",
+    "stream",
+    "stream_options",
+    "store",
+    "metadata",
+    "service_tier",
+    "user",
+    "prompt_cache_key",
+    "prompt_cache_retention",
 )
-MESSAGE_ORDER = ("role", "name", "content", "refusal", "tool_calls", "function_call", "tool_call_id")
+MESSAGE_ORDER = (
+    "role",
+    "name",
+    "content",
+    "refusal",
+    "tool_calls",
+    "function_call",
+    "tool_call_id",
+)
 PART_ORDER = ("type", "text", "image_url", "input_audio", "file", "url", "detail")
 TOOL_ORDER = ("type", "function")
 FUNCTION_ORDER = ("name", "description", "parameters", "strict")
@@ -108,7 +146,7 @@ def _canonical_part(part: Any) -> Any:
 def _canonical_list(items: list[Any], canonical_item) -> list[Any]:
     """``items`` itself when every item is already canonical, else a new list."""
     new_items = [canonical_item(item) for item in items]
-    if all(new is old for new, old in zip(new_items, items)):
+    if all(new is old for new, old in zip(new_items, items, strict=False)):
         return items
     return new_items
 
@@ -130,7 +168,9 @@ def _canonical_message(message: Any) -> Any:
     if isinstance(calls, list):
         result = _replace(result, "tool_calls", _canonical_list(calls, _canonical_call))
     if isinstance(result.get("function_call"), dict):
-        result = _replace(result, "function_call", ordered(result["function_call"], CALL_FUNCTION_ORDER))
+        result = _replace(
+            result, "function_call", ordered(result["function_call"], CALL_FUNCTION_ORDER)
+        )
     return result
 
 
@@ -198,8 +238,11 @@ def _move_volatile(messages: list[Any], route_kind: str) -> tuple[list[Any], int
     table = PlaceholderTable()
     rewritten = []
     for message in messages:
-        if isinstance(message, dict) and message.get("role") in SYSTEM_ROLES \
-                and not is_volatile_note(message):
+        if (
+            isinstance(message, dict)
+            and message.get("role") in SYSTEM_ROLES
+            and not is_volatile_note(message)
+        ):
             message = map_message_text(message, table.replace)
         rewritten.append(message)
     if not table.values:

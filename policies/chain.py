@@ -50,7 +50,7 @@ class PolicyResult:
     def prompt_tokens_saved(self) -> int:
         return self.prompt_tokens_before - self.prompt_tokens_after
 
-    def measure(self, *, fingerprints: bool = True) -> "PolicyResult":
+    def measure(self, *, fingerprints: bool = True) -> PolicyResult:
         """Count tokens before and after, and fingerprint the prefix (idempotent)."""
         if not self.measured:
             original = self.original if self.original is not None else self.body
@@ -98,10 +98,14 @@ class PolicyChain:
             if policy_notes:
                 notes[policy.name] = policy_notes
         client_key = current.get("prompt_cache_key")
-        cache_key = bounded_cache_key(client_key) if isinstance(client_key, str) and client_key \
+        cache_key = (
+            bounded_cache_key(client_key)
+            if isinstance(client_key, str) and client_key
             else prefix_family_key(current, ctx.tenant, ctx.model)
-        return PolicyResult(body=current, applied=list(self.names), cache_key=cache_key,
-                            notes=notes, original=body)
+        )
+        return PolicyResult(
+            body=current, applied=list(self.names), cache_key=cache_key, notes=notes, original=body
+        )
 
     def apply(self, body: dict, ctx: PolicyContext, *, fingerprints: bool = True) -> PolicyResult:
         """Transform ``body`` and measure the result; ``fingerprints=False`` skips the
@@ -132,7 +136,9 @@ def build_chain(names: Sequence[str], options: Mapping[str, str]) -> PolicyChain
             policies.append(CacheHintsPolicy(parsed.cache_hints.head_ttl))
         else:
             known = ", ".join(POLICY_NAMES)
-            raise PolicyConfigError(f"FIRSTTOKEN_POLICIES: unknown policy {name!r} (known: {known})")
+            raise PolicyConfigError(
+                f"FIRSTTOKEN_POLICIES: unknown policy {name!r} (known: {known})"
+            )
     if len(set(names)) != len(names):
         raise PolicyConfigError(f"FIRSTTOKEN_POLICIES: a policy is listed twice in {list(names)}")
     return PolicyChain(policies, parsed)

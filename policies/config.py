@@ -81,10 +81,14 @@ def parse_policy_list(value: str | None, *, source: str = "FIRSTTOKEN_POLICIES")
     seen: list[str] = []
     for name in names:
         if name == _NO_POLICIES:
-            raise PolicyConfigError(f"{source}: 'none' cannot be combined with other policies, got {value!r}")
+            raise PolicyConfigError(
+                f"{source}: 'none' cannot be combined with other policies, got {value!r}"
+            )
         if name not in POLICY_NAMES:
             known = ", ".join(POLICY_NAMES)
-            raise PolicyConfigError(f"{source}: unknown policy {name!r} (known: {known}), got {value!r}")
+            raise PolicyConfigError(
+                f"{source}: unknown policy {name!r} (known: {known}), got {value!r}"
+            )
         if name in seen:
             raise PolicyConfigError(f"{source}: policy {name!r} listed twice, got {value!r}")
         seen.append(name)
@@ -101,12 +105,14 @@ def parse_options(options: Mapping[str, str]) -> PolicyOptions:
     for raw_key, raw_value in options.items():
         key = raw_key.upper()
         if key.startswith(ENV_PREFIX):
-            key = key[len(ENV_PREFIX):]
+            key = key[len(ENV_PREFIX) :]
         spec = _OPTION_SPECS.get(key)
         if spec is None:
             if key.startswith(_POLICY_PREFIXES):
                 known = ", ".join(ENV_PREFIX + k for k in KNOWN_OPTIONS)
-                raise PolicyConfigError(f"{ENV_PREFIX}{key}: unknown policy option (known: {known})")
+                raise PolicyConfigError(
+                    f"{ENV_PREFIX}{key}: unknown policy option (known: {known})"
+                )
             continue
         policy, field, kind = spec
         fields[policy][field] = _parse_value(ENV_PREFIX + key, raw_value, kind)
@@ -138,6 +144,8 @@ def _parse_value(variable: str, raw: str, kind: str) -> object:
         return number
     if kind == "ttl":
         if text not in CACHE_TTLS:
-            raise PolicyConfigError(f"{variable}: expected one of {', '.join(CACHE_TTLS)}, got {raw!r}")
+            raise PolicyConfigError(
+                f"{variable}: expected one of {', '.join(CACHE_TTLS)}, got {raw!r}"
+            )
         return text
     raise AssertionError(f"unknown option kind {kind}")

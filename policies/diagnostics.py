@@ -59,12 +59,12 @@ def _hash4(data: bytes) -> bytes:
 
 
 def _coarsen(chunks: list[bytes]) -> list[bytes]:
-    return [_hash4(b"".join(chunks[index:index + 2])) for index in range(0, len(chunks), 2)]
+    return [_hash4(b"".join(chunks[index : index + 2])) for index in range(0, len(chunks), 2)]
 
 
 def _chunk_hashes(text: str) -> tuple[int, bytes]:
     chunks = [
-        _hash4(text[start:start + CHUNK_CHARS].encode("utf-8", "surrogatepass"))
+        _hash4(text[start : start + CHUNK_CHARS].encode("utf-8", "surrogatepass"))
         for start in range(0, len(text), CHUNK_CHARS)
     ]
     level = 0
@@ -77,7 +77,9 @@ def _chunk_hashes(text: str) -> tuple[int, bytes]:
 _block_cache: BoundedLRU[tuple[bytes, int, int, bytes]] = BoundedLRU(50_000, 64_000_000)
 
 
-def _fingerprint(label: str, kind: str, normalized: Any, text: str, tokens: int) -> BlockFingerprint:
+def _fingerprint(
+    label: str, kind: str, normalized: Any, text: str, tokens: int
+) -> BlockFingerprint:
     raw = orjson.dumps(normalized)
     cached = _block_cache.get(raw)
     if cached is None:
@@ -126,11 +128,13 @@ class PrefixFingerprints:
         return sum(block.tokens for block in self.blocks)
 
     @classmethod
-    def from_body(cls, body: dict) -> "PrefixFingerprints":
+    def from_body(cls, body: dict) -> PrefixFingerprints:
         blocks: list[BlockFingerprint] = []
         for index, tool in enumerate(body.get("tools") or ()):
             normalized = _without_marker(tool)
-            blocks.append(_fingerprint(f"tools[{index}]", "tools", normalized, "", count_tool(normalized)))
+            blocks.append(
+                _fingerprint(f"tools[{index}]", "tools", normalized, "", count_tool(normalized))
+            )
         for key in PARAM_KEYS:
             if body.get(key) is not None:
                 value = {key: body[key]}
@@ -142,10 +146,15 @@ class PrefixFingerprints:
                     continue
                 kind = "system" if role_of(message) in SYSTEM_ROLES else "messages"
                 text = content_text(message.get("content")) if isinstance(message, dict) else ""
-                blocks.append(_fingerprint(
-                    f"messages[{index}]", kind, _normalized_message(message), text,
-                    count_message(message),
-                ))
+                blocks.append(
+                    _fingerprint(
+                        f"messages[{index}]",
+                        kind,
+                        _normalized_message(message),
+                        text,
+                        count_message(message),
+                    )
+                )
         elif isinstance(body.get("prompt"), str):
             prompt = body["prompt"]
             blocks.append(_fingerprint("prompt", "messages", prompt, prompt, count_prompt(prompt)))
@@ -155,16 +164,23 @@ class PrefixFingerprints:
         out = [_MAGIC, struct.pack("<H", len(self.blocks))]
         for block in self.blocks:
             label = block.label.encode()
-            out.append(_BLOCK_HEAD.pack(
-                KINDS.index(block.kind), len(label), block.digest, block.text_len,
-                block.tokens, block.level, len(block.chunks) // 4,
-            ))
+            out.append(
+                _BLOCK_HEAD.pack(
+                    KINDS.index(block.kind),
+                    len(label),
+                    block.digest,
+                    block.text_len,
+                    block.tokens,
+                    block.level,
+                    len(block.chunks) // 4,
+                )
+            )
             out.append(label)
             out.append(block.chunks)
         return b"".join(out)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PrefixFingerprints":
+    def from_bytes(cls, data: bytes) -> PrefixFingerprints:
         """Decode ``to_bytes`` output; raises ``ValueError`` on anything else."""
         if data[:4] != _MAGIC:
             raise ValueError("not a firsttoken prefix fingerprint")
@@ -173,16 +189,19 @@ class PrefixFingerprints:
             offset = 6
             blocks = []
             for _ in range(count):
-                kind, label_len, digest, text_len, tokens, level, n_chunks = \
+                kind, label_len, digest, text_len, tokens, level, n_chunks = (
                     _BLOCK_HEAD.unpack_from(data, offset)
+                )
                 offset += _BLOCK_HEAD.size
-                label = data[offset:offset + label_len].decode()
+                label = data[offset : offset + label_len].decode()
                 offset += label_len
-                chunks = data[offset:offset + 4 * n_chunks]
+                chunks = data[offset : offset + 4 * n_chunks]
                 offset += 4 * n_chunks
                 if len(chunks) != 4 * n_chunks:
                     raise ValueError("truncated fingerprint")
-                blocks.append(BlockFingerprint(label, KINDS[kind], digest, text_len, tokens, level, chunks))
+                blocks.append(
+                    BlockFingerprint(label, KINDS[kind], digest, text_len, tokens, level, chunks)
+                )
         except (struct.error, IndexError, UnicodeDecodeError) as error:
             raise ValueError(f"corrupt prefix fingerprint: {error}") from error
         if offset != len(data):
@@ -191,13 +210,16 @@ class PrefixFingerprints:
 
 
 def _split(chunks: bytes) -> list[bytes]:
-    return [chunks[index:index + 4] for index in range(0, len(chunks), 4)]
+    return [chunks[index : index + 4] for index in range(0, len(chunks), 4)]
 
 
 def _first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -> int | None:
     """Start of the first chunk whose text differs, or None if the texts are equal."""
-    if previous.text_len == current.text_len and previous.level == current.level \
-            and previous.chunks == current.chunks:
+    if (
+        previous.text_len == current.text_len
+        and previous.level == current.level
+        and previous.chunks == current.chunks
+    ):
         return None
     old, new = _split(previous.chunks), _split(current.chunks)
     level = max(previous.level, current.level)
@@ -205,7 +227,7 @@ def _first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -
         old = _coarsen(old)
     for _ in range(level - current.level):
         new = _coarsen(new)
-    for index, (a, b) in enumerate(zip(old, new)):
+    for index, (a, b) in enumerate(zip(old, new, strict=False)):
         if a != b:
             return index * (CHUNK_CHARS << level)
     return min(len(old), len(new)) * (CHUNK_CHARS << level)
@@ -215,7 +237,9 @@ def _family_rank(block: BlockFingerprint) -> int:
     return 0 if block.kind == "tools" else 1 if block.kind == "params" else 2
 
 
-def find_prefix_break(previous: PrefixFingerprints, current: PrefixFingerprints) -> PrefixBreak | None:
+def find_prefix_break(
+    previous: PrefixFingerprints, current: PrefixFingerprints
+) -> PrefixBreak | None:
     """The first block of ``previous`` that ``current`` does not repeat; None if all are repeated."""
     stable = 0
     for index, old in enumerate(previous.blocks):

@@ -38,10 +38,10 @@ class Passage(NamedTuple):
     body: str
 
     def element(self, text: str) -> str:
-        return text[self.start:self.end]
+        return text[self.start : self.end]
 
     def open_tag(self, text: str) -> str:
-        return text[self.start:self.end - len(self.body) - len(_CLOSE)]
+        return text[self.start : self.end - len(self.body) - len(_CLOSE)]
 
 
 def has_passage(text: str) -> bool:
@@ -66,8 +66,8 @@ def find_passages(text: str) -> Iterator[Passage]:
         if close < 0:
             return
         end = close + len(_CLOSE)
-        attributes = text[found.end():close_angle]
-        yield Passage(found.start(), end, attributes, text[close_angle + 1:close])
+        attributes = text[found.end() : close_angle]
+        yield Passage(found.start(), end, attributes, text[close_angle + 1 : close])
         pos = end
 
 
@@ -88,17 +88,17 @@ def sort_passage_runs(text: str) -> str:
         ordered = sorted(run, key=lambda m: (m.body, m.element(text)))
         for index, original in enumerate(run):
             if index:
-                pieces.append(text[run[index - 1].end:original.start])
+                pieces.append(text[run[index - 1].end : original.start])
             pieces.append(ordered[index].element(text))
         cursor = run[-1].end
         run.clear()
 
     for match in matches:
-        if run and text[run[-1].end:match.start].strip() == "":
+        if run and text[run[-1].end : match.start].strip() == "":
             run.append(match)
             continue
         flush()
-        pieces.append(text[cursor:match.start])
+        pieces.append(text[cursor : match.start])
         run.append(match)
     flush()
     pieces.append(text[cursor:])
@@ -124,7 +124,7 @@ def passage_deduper() -> Callable[[str], str]:
             if body not in seen:
                 seen.add(body)
                 continue
-            pieces.append(text[cursor:match.start])
+            pieces.append(text[cursor : match.start])
             pieces.append(f"<passage{match.attributes}>{REPEATED_BODY}</passage>")
             cursor = match.end
         if not pieces:

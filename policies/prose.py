@@ -58,18 +58,23 @@ def slim_prose(text: str) -> str:
 def _slim_long(text: str) -> str:
     if textscan.search(_INVISIBLE, text) is not None:
         size = textscan.piece_size()
-        text = "".join(_INVISIBLE.sub("", text[low:low + size])
-                       for low in range(0, len(text), size))
-    text = _rewrite(text, _SPACE_RULE_CUT, lambda piece: _TRAILING_SPACE.sub("", piece),
-                    _space_run)
+        text = "".join(
+            _INVISIBLE.sub("", text[low : low + size]) for low in range(0, len(text), size)
+        )
+    text = _rewrite(text, _SPACE_RULE_CUT, lambda piece: _TRAILING_SPACE.sub("", piece), _space_run)
     if _has_blank_run(text):
-        text = _rewrite(text, _BLANK_RULE_CUT, lambda piece: _BLANK_RUN.sub(_collapse, piece),
-                        _newline_run)
+        text = _rewrite(
+            text, _BLANK_RULE_CUT, lambda piece: _BLANK_RUN.sub(_collapse, piece), _newline_run
+        )
     return text
 
 
-def _rewrite(text: str, cut: re.Pattern[str], rewrite: Callable[[str], str],
-             whole_run: Callable[[str, int, int], Run]) -> str:
+def _rewrite(
+    text: str,
+    cut: re.Pattern[str],
+    rewrite: Callable[[str], str],
+    whole_run: Callable[[str, int, int], Run],
+) -> str:
     """Apply ``rewrite`` piece by piece; ``whole_run`` handles a window that ``cut`` never
     matches (it lies inside one run of the rule, which may be megabytes long)."""
     size = textscan.piece_size()
@@ -79,7 +84,7 @@ def _rewrite(text: str, cut: re.Pattern[str], rewrite: Callable[[str], str],
         inside = pos + size
         match = cut.search(text, inside, inside + size)
         if match is not None:
-            out.append(rewrite(text[pos:match.end()]))
+            out.append(rewrite(text[pos : match.end()]))
             pos = match.end()
             continue
         start, end, replacement = whole_run(text, pos, inside)

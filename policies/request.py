@@ -16,7 +16,9 @@ _PAYLOAD_KEYS = ("tool_calls", "function_call", "audio", "refusal")
 
 
 def is_text_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def content_texts(content: Any) -> Iterator[str]:
@@ -67,7 +69,9 @@ def is_empty_content(content: Any) -> bool:
     if isinstance(content, str):
         return not content or content.isspace()
     if isinstance(content, list):
-        return all(is_text_part(part) and (not part["text"] or part["text"].isspace()) for part in content)
+        return all(
+            is_text_part(part) and (not part["text"] or part["text"].isspace()) for part in content
+        )
     return False
 
 

@@ -90,7 +90,7 @@ def _minify_code_segment(segment: Segment) -> str:
     if lines is None:
         return segment.text
     first, last = lines
-    body = segment.text[len(first):len(segment.text) - len(last)]
+    body = segment.text[len(first) : len(segment.text) - len(last)]
     minified = minify_json_text(body)
     if minified == body:
         return segment.text
@@ -140,7 +140,9 @@ class SlimPolicy:
             notes["trimmed_messages"] = trimmed
         return {**body, "messages": kept}, notes
 
-    def _settle(self, messages: list[Any], body: dict, notes: dict[str, Any]) -> tuple[list[Any], int]:
+    def _settle(
+        self, messages: list[Any], body: dict, notes: dict[str, Any]
+    ) -> tuple[list[Any], int]:
         """Drop and collapse, deduplicate passages, trim; repeat until trimming drops nothing.
 
         Deduplicating before trimming makes the budget count what is sent; repeating after a
@@ -196,4 +198,4 @@ class SlimPolicy:
         return dict(body)
 
 
-__all__ = ["SlimPolicy", "slim_text", "minify_json_text"]
+__all__ = ["SlimPolicy", "minify_json_text", "slim_text"]

@@ -32,8 +32,9 @@ def contains(text: str, needle: str) -> bool:
         return needle in text
     size = piece_size()
     overlap = len(needle) - 1
-    return any(text.find(needle, start, start + size + overlap) >= 0
-               for start in range(0, len(text), size))
+    return any(
+        text.find(needle, start, start + size + overlap) >= 0 for start in range(0, len(text), size)
+    )
 
 
 def count(text: str, sub: str, start: int, end: int) -> int:

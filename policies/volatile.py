@@ -84,7 +84,8 @@ def find_volatile(text: str) -> tuple[Match, ...]:
     if textscan.search(_HAS_DIGIT, text) is not None:  # every volatile value has a digit
         found = tuple(
             (m.start(), m.end(), _PLACEHOLDER_KIND[m.lastgroup or "hex"], m.group(0))
-            for m in _matches(text) if _is_volatile(m)
+            for m in _matches(text)
+            if _is_volatile(m)
         )
     _finds.put(text, found, len(text))
     return found
@@ -160,7 +161,12 @@ def note_message(table: PlaceholderTable, route_kind: str) -> dict:
 
 def insert_note(messages: list[Any], note: dict) -> list[Any]:
     """Append the note after the last message (before a trailing assistant prefill)."""
-    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant" \
-            and not messages[-1].get("tool_calls") and note["role"] == "user":
+    if (
+        messages
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "assistant"
+        and not messages[-1].get("tool_calls")
+        and note["role"] == "user"
+    ):
         return [*messages[:-1], note, messages[-1]]
     return [*messages, note]

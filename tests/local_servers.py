@@ -49,8 +49,9 @@ class PrivateRedis:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             try:
-                if redis.Redis(port=self.port, password=self.password,
-                               socket_connect_timeout=0.2).ping():
+                if redis.Redis(
+                    port=self.port, password=self.password, socket_connect_timeout=0.2
+                ).ping():
                     return
             except redis.exceptions.RedisError:
                 time.sleep(0.02)

@@ -41,8 +41,9 @@ class PrefillSegment:
         """[n, prefix + n] bool, True where attending is allowed; built once per step."""
         if self._mask is None:
             n = self.num_tokens
-            self._mask = torch.ones(n, self.prefix_len + n, dtype=torch.bool,
-                                    device=self.context_slots.device).tril(self.prefix_len)
+            self._mask = torch.ones(
+                n, self.prefix_len + n, dtype=torch.bool, device=self.context_slots.device
+            ).tril(self.prefix_len)
         return self._mask
 
 
@@ -63,8 +64,9 @@ class AttentionMetadata:
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def prefix_then_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       prefix_len: int, scale: float) -> torch.Tensor:
+def prefix_then_causal(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix_len: int, scale: float
+) -> torch.Tensor:
     """Attention of a chunk over [earlier positions | the chunk itself], as two fused kernels
     merged by log-sum-exp. queries [1, heads, n, dim]; keys/values [1, kv_heads, prefix + n, dim]."""
     _, heads, n, dim = queries.shape
@@ -73,8 +75,9 @@ def prefix_then_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.
     # Over the earlier positions no mask is needed, so the heads that share a kv head can be
     # stacked as extra query rows instead of repeating the (long) keys.
     stacked = queries.reshape(1, kv_heads, group * n, dim)
-    out_prefix, lse_prefix = _FLASH_CPU(stacked, keys[:, :, :prefix_len], values[:, :, :prefix_len],
-                                        0.0, False, scale=scale)
+    out_prefix, lse_prefix = _FLASH_CPU(
+        stacked, keys[:, :, :prefix_len], values[:, :, :prefix_len], 0.0, False, scale=scale
+    )
     out_prefix = out_prefix.reshape(1, heads, n, dim)
     lse_prefix = lse_prefix.reshape(1, heads, n)
     own_keys, own_values = keys[:, :, prefix_len:], values[:, :, prefix_len:]
@@ -83,8 +86,10 @@ def prefix_then_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.
         own_values = own_values.repeat_interleave(group, dim=1)
     out_own, lse_own = _FLASH_CPU(queries, own_keys, own_values, 0.0, True, scale=scale)
     lse = torch.logaddexp(lse_prefix, lse_own)
-    return (out_prefix * (lse_prefix - lse).exp().unsqueeze(-1)
-            + out_own * (lse_own - lse).exp().unsqueeze(-1)).to(queries.dtype)
+    return (
+        out_prefix * (lse_prefix - lse).exp().unsqueeze(-1)
+        + out_own * (lse_own - lse).exp().unsqueeze(-1)
+    ).to(queries.dtype)
 
 
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -222,7 +222,7 @@ class CausalLM(nn.Module):
             rows: slice | None = None
             if len(parts) >= 2 and parts[-2] in fused:
                 fused_name, offset, size = fused[parts[-2]]
-                target = ".".join(parts[:-2] + [fused_name, parts[-1]])
+                target = ".".join([*parts[:-2], fused_name, parts[-1]])
                 rows = slice(offset, offset + size)
             if target == "lm_head.weight" and self.lm_head is None:
                 continue

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .event import STATUSES, RequestEvent
 from .histogram import MAX_INDEX, bucket_index
@@ -137,8 +138,9 @@ def parse_field_value(name: str, raw: bytes | str) -> float:
 
 
 _HISTOGRAM_FIELD = re.compile(r"[tugc]:(.*)", re.S)
-_KNOWN_FIELDS = frozenset({"n", "stream", "fb", "err", "itl_n", "prompt", "cached", "saved", "out",
-                           *FLOAT_FIELDS})
+_KNOWN_FIELDS = frozenset(
+    {"n", "stream", "fb", "err", "itl_n", "prompt", "cached", "saved", "out", *FLOAT_FIELDS}
+)
 
 
 def parse_stored_fields(raw: Mapping[Any, Any]) -> Fields:

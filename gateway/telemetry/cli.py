@@ -15,7 +15,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 import redis.exceptions
 
@@ -56,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix", default=None, help=f"key prefix (default: {PREFIX_ENV} or 'ft')"
     )
     parser.add_argument(
-        "--cluster", action="store_true",
+        "--cluster",
+        action="store_true",
         help="the URL names a Redis Cluster node (default: FIRSTTOKEN_REDIS_CLUSTER)",
     )
     parser.add_argument(
@@ -119,8 +121,10 @@ def format_table(reports: list[dict], window_s: int) -> str:
     if not rows:
         return f"no TTFT figures in the last {window_s} s\n"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths, strict=False)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in rows
+    ]
     return "\n".join(lines) + f"\n(times in ms, last {window_s} s)\n"
 
 

@@ -14,7 +14,7 @@ as the geometric midpoint of its bucket, so its relative error is at most
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 GROWTH = 1.04
 MIN_S = 1e-5  # 10 µs: the gateway's own share can be this small

@@ -38,8 +38,9 @@ def redact_url(url: str) -> str:
     return _QUERY_SECRET.sub(r"\1=***", url)
 
 
-def check_redis_url(url: str, variable: str, timeout_s: float = 1.0,
-                    cluster: bool | None = None) -> None:
+def check_redis_url(
+    url: str, variable: str, timeout_s: float = 1.0, cluster: bool | None = None
+) -> None:
     """Raise `SettingsError` naming `variable` if `url` cannot be a usable telemetry Redis;
     warn and return if the server is unreachable. With `cluster` given, also check that the
     server's cluster mode matches it. Blocks for at most a few `timeout_s`."""
@@ -54,8 +55,11 @@ def check_redis_url(url: str, variable: str, timeout_s: float = 1.0,
             raise wrong(f"the database {db!r} in the URL path is not a number")
     try:
         client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0,
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
         )
     except (ValueError, TypeError) as exc:
         raise wrong(f"not a valid Redis URL ({exc})") from None
@@ -68,12 +72,20 @@ def check_redis_url(url: str, variable: str, timeout_s: float = 1.0,
     except redis.exceptions.AuthenticationError as exc:
         raise wrong(f"Redis refused the credentials ({exc})") from None
     except redis.exceptions.BusyLoadingError:
-        log.warning("telemetry: Redis at %s (%s) is loading its data; telemetry starts "
-                    "degraded and catches up when it is ready", shown, variable)
+        log.warning(
+            "telemetry: Redis at %s (%s) is loading its data; telemetry starts "
+            "degraded and catches up when it is ready",
+            shown,
+            variable,
+        )
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-        log.warning("telemetry: Redis at %s (%s) is unreachable (%s); the gateway starts with "
-                    "telemetry degraded and buffers events until it answers",
-                    shown, variable, type(exc).__name__)
+        log.warning(
+            "telemetry: Redis at %s (%s) is unreachable (%s); the gateway starts with "
+            "telemetry degraded and buffers events until it answers",
+            shown,
+            variable,
+            type(exc).__name__,
+        )
     except redis.exceptions.ResponseError as exc:
         # DB index out of range, NOAUTH, NOPERM, SELECT in cluster mode: the server answered,
         # and it will answer the same way to every write.

@@ -120,12 +120,26 @@ return ''
 
 
 # Server replies that mean "not now", after which the same batch may be retried whole.
-RETRYABLE_REPLIES = ("OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
-                     "CLUSTERDOWN", "NOREPLICAS")
-_TRANSIENT_TYPES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-                    asyncio.TimeoutError, redis.exceptions.ReadOnlyError,
-                    redis.exceptions.OutOfMemoryError, redis.exceptions.TryAgainError,
-                    redis.exceptions.ClusterDownError)
+RETRYABLE_REPLIES = (
+    "OOM",
+    "READONLY",
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+)
+_TRANSIENT_TYPES = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    asyncio.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 
 
 def reply_code(exc: BaseException) -> str:
@@ -147,8 +161,9 @@ def is_transient(exc: BaseException) -> bool:
 def connect(url: str, *, timeout_s: float = 1.0, cluster: bool = False) -> Any:
     """A client for the telemetry store: short timeouts, no hidden retries. With `cluster`, a
     Redis Cluster client that routes each key by its hash tag."""
-    options = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                   retry=Retry(NoBackoff(), 0))
+    options = dict(
+        socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
@@ -216,8 +231,15 @@ class RedisStore:
                 for name, amount in fields.items():
                     (floats if isinstance(amount, float) else ints).extend((name, amount))
                 keys.append(self.keys.bucket(tenant, route, minute))
-                args.extend(((minute + 1) * 60 + self.retention_s, len(ints) // 2,
-                             len(floats) // 2, *ints, *floats))
+                args.extend(
+                    (
+                        (minute + 1) * 60 + self.retention_s,
+                        len(ints) // 2,
+                        len(floats) // 2,
+                        *ints,
+                        *floats,
+                    )
+                )
             pipe.eval(_APPLY_TENANT, len(keys), *keys, *args)
             sent.append(("tenant", keys, keys[1]))
         if per_tenant:
@@ -232,13 +254,16 @@ class RedisStore:
             sent.append(("blob", [], key))
         replies = await pipe.execute(raise_on_error=False)
         retry: BaseException | None = None
-        for (what, keys, named), reply in zip(sent, replies):
+        for (what, keys, named), reply in zip(sent, replies, strict=False):
             if isinstance(reply, BaseException):
                 if is_transient(reply):
                     retry = retry or reply
                 else:
-                    self._problem(named, "telemetry: writing %s failed, that part of the batch "
-                                  "is lost: %s", _text(reply))
+                    self._problem(
+                        named,
+                        "telemetry: writing %s failed, that part of the batch is lost: %s",
+                        _text(reply),
+                    )
             elif what == "tenant":
                 self._note_skipped(keys, reply[1:])
             elif what == "names" and reply:
@@ -247,20 +272,29 @@ class RedisStore:
             raise retry
 
     def _note_skipped(self, keys: list[str], skipped: list[Any]) -> None:
-        for index, problem in zip(skipped[::2], skipped[1::2]):
+        for index, problem in zip(skipped[::2], skipped[1::2], strict=False):
             key, problem = keys[int(index) - 1], _text(problem)
             if problem.startswith("field: "):
-                self._not_counters(key, problem[len("field: "):], "written")
+                self._not_counters(key, problem[len("field: ") :], "written")
             else:
                 self._wrong_type(key, problem, "written")
 
     def _wrong_type(self, key: str, found: Any, verb: str) -> None:
-        self._problem(key, "telemetry: key %s is not a hash (%s), so it is not " + verb
-                      + " (delete the key to recover)", _text(found))
+        self._problem(
+            key,
+            "telemetry: key %s is not a hash (%s), so it is not "
+            + verb
+            + " (delete the key to recover)",
+            _text(found),
+        )
 
     def _not_counters(self, key: str, why: Any, verb: str) -> None:
-        self._problem(key, "telemetry: bucket %s holds a field that is not a counter (%s), so "
-                      "it is not " + verb + " (delete the key to recover)", _text(why))
+        self._problem(
+            key,
+            "telemetry: bucket %s holds a field that is not a counter (%s), so "
+            "it is not " + verb + " (delete the key to recover)",
+            _text(why),
+        )
 
     async def read(self, tenant: str, first_minute: int, last_minute: int) -> dict[str, Fields]:
         routes_key = self.keys.routes(tenant)
@@ -280,7 +314,7 @@ class RedisStore:
             for route, minute in chunk:
                 pipe.hgetall(self.keys.bucket(tenant, route, minute))
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-            for (route, minute), reply in zip(chunk, replies):
+            for (route, minute), reply in zip(chunk, replies, strict=False):
                 fields = self._bucket_fields(self.keys.bucket(tenant, route, minute), reply)
                 if fields:
                     merge_fields(merged.setdefault(route, {}), fields)
@@ -316,8 +350,11 @@ class RedisStore:
         except redis.exceptions.ResponseError as exc:
             if is_transient(exc):
                 raise
-            self._problem(key, "telemetry: key %s is not a string blob, so it is not read: %s",
-                          reply_code(exc))
+            self._problem(
+                key,
+                "telemetry: key %s is not a string blob, so it is not read: %s",
+                reply_code(exc),
+            )
             return None
 
     async def ping(self) -> None:

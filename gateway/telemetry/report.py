@@ -14,8 +14,9 @@ they used more (-1 means twice the budget).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .aggregate import Fields, histogram_counts, minute_of
 from .event import STATUSES
@@ -50,7 +51,7 @@ def _series_ms(
 ) -> dict[str, Any]:
     counts = histogram_counts(fields, series)
     values = percentiles(counts, quantiles.values())
-    figures: dict[str, Any] = {name: _ms(v) for name, v in zip(quantiles, values)}
+    figures: dict[str, Any] = {name: _ms(v) for name, v in zip(quantiles, values, strict=False)}
     if mean:
         n = sum(counts.values())
         figures["mean"] = _ms(fields.get(f"{series}_sum", 0.0) / n) if n else None

@@ -15,7 +15,8 @@ import asyncio
 import sys
 import time
 from collections import OrderedDict
-from typing import Mapping, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 from .aggregate import Aggregate, Fields, merge_fields
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from .event import RequestEvent
 from .keys import KeySpace
@@ -73,8 +73,9 @@ class Telemetry:
         if redis_url and enabled:
             from .redis_store import RedisStore, connect  # redis-py only when Redis is used
 
-            store = RedisStore(connect(redis_url, cluster=redis_cluster), KeySpace(key_prefix),
-                               retention_s)
+            store = RedisStore(
+                connect(redis_url, cluster=redis_cluster), KeySpace(key_prefix), retention_s
+            )
         else:
             store = MemoryStore(retention_s)
         slo = SloConfig(

@@ -30,9 +30,9 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable
 
 from .aggregate import Aggregate, fold_event
 from .event import RequestEvent
@@ -207,7 +207,11 @@ class BatchWriter:
         self._lost_logged_at = now
         log.error(
             "telemetry: batch %d of %d events could not be written, dropped (%d batches lost "
-            "so far): %s", batch.seq, batch.count, self.lost_batches, _describe(exc),
+            "so far): %s",
+            batch.seq,
+            batch.count,
+            self.lost_batches,
+            _describe(exc),
         )
 
     def _is_transient(self, exc: BaseException) -> bool:
@@ -295,7 +299,8 @@ class BatchWriter:
         except Exception as exc:
             if self._events:
                 log.warning(
-                    "telemetry: %d buffered events lost at shutdown: %s", len(self._events),
+                    "telemetry: %d buffered events lost at shutdown: %s",
+                    len(self._events),
                     _describe(exc),
                 )
         if self._events:

@@ -7,19 +7,38 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
 
 from gateway.errors import sse_error_event
-from gateway.sse import (DEFAULT_MAX_EVENT_BYTES, DONE, EventTooLarge, SSEEvent, SSEParser,
-                         encode_data)
-from gateway.upstreams.anthropic_format import (AnthropicStreamError, AnthropicStreamTranslator,
-                                                TranslationError, error_to_openai,
-                                                to_anthropic_request, to_openai_response)
-from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError,
-                                    chunk_has_content, client_error, encode_body, relayed_headers)
+from gateway.sse import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DONE,
+    EventTooLarge,
+    SSEEvent,
+    SSEParser,
+    encode_data,
+)
+from gateway.upstreams.anthropic_format import (
+    AnthropicStreamError,
+    AnthropicStreamTranslator,
+    TranslationError,
+    error_to_openai,
+    to_anthropic_request,
+    to_openai_response,
+)
+from gateway.upstreams.base import (
+    CallContext,
+    Completed,
+    OutEvent,
+    UpstreamError,
+    chunk_has_content,
+    client_error,
+    encode_body,
+    relayed_headers,
+)
 from gateway.upstreams.openai import OpenAIUpstream, json_object_body
 
 log = logging.getLogger("firsttoken.upstream")
@@ -31,8 +50,11 @@ class AnthropicUpstream(OpenAIUpstream):
     """Reuses the pooled session and error handling of the OpenAI kind; differs in headers and shape."""
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION,
-                   **self.route.headers}
+        headers = {
+            "content-type": "application/json",
+            "anthropic-version": ANTHROPIC_VERSION,
+            **self.route.headers,
+        }
         if self._api_key:
             headers["x-api-key"] = self._api_key
         if extra:
@@ -41,25 +63,34 @@ class AnthropicUpstream(OpenAIUpstream):
 
     def card(self, item: dict) -> dict:
         """Anthropic's model object ({id, display_name, created_at, type}) as an OpenAI card."""
-        return {"id": item["id"], "object": "model", "created": 0, "owned_by": "anthropic",
-                "display_name": item.get("display_name")}
+        return {
+            "id": item["id"],
+            "object": "model",
+            "created": 0,
+            "owned_by": "anthropic",
+            "display_name": item.get("display_name"),
+        }
 
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
         """The Messages body, or a 400 naming the field that cannot be translated: a client's
         malformed input is never an upstream failure (502) nor retried."""
         if ctx.endpoint != "chat":
-            raise client_error("the anthropic route kind serves /v1/chat/completions only, "
-                               "not /v1/completions", "model")
+            raise client_error(
+                "the anthropic route kind serves /v1/chat/completions only, not /v1/completions",
+                "model",
+            )
         try:
             translated = to_anthropic_request(body, ctx.upstream_model)
         except TranslationError as exc:
             raise client_error(str(exc), exc.param) from None
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             # A shape the translator's checks missed; the client's body is the only input.
-            log.warning("untranslatable request for route %s: %s", self.route.name,
-                        type(exc).__name__)
-            raise client_error("the request cannot be translated for an Anthropic model "
-                               f"({type(exc).__name__})") from None
+            log.warning(
+                "untranslatable request for route %s: %s", self.route.name, type(exc).__name__
+            )
+            raise client_error(
+                f"the request cannot be translated for an Anthropic model ({type(exc).__name__})"
+            ) from None
         return encode_body(translated)
 
     async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
@@ -72,11 +103,15 @@ class AnthropicUpstream(OpenAIUpstream):
                 exc.content_type = "application/json"
             raise
 
-    async def open_stream(self, body: dict, ctx: CallContext) -> "AnthropicEventStream":
+    async def open_stream(self, body: dict, ctx: CallContext) -> AnthropicEventStream:
         resp = await self._post_translated({**body, "stream": True}, ctx)
         self._expect(resp, stream=True)
-        translator = AnthropicStreamTranslator(ctx.upstream_model, include_usage=True,
-                                               created=int(time.time()), request_id=f"chatcmpl-{ctx.request_id}")
+        translator = AnthropicStreamTranslator(
+            ctx.upstream_model,
+            include_usage=True,
+            created=int(time.time()),
+            request_id=f"chatcmpl-{ctx.request_id}",
+        )
         return AnthropicEventStream(resp, translator, self.max_event_bytes, self.route.name)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
@@ -86,10 +121,16 @@ class AnthropicUpstream(OpenAIUpstream):
         try:
             out = to_openai_response(parsed, ctx.upstream_model)
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise UpstreamError("upstream sent a malformed Anthropic response", status=502,
-                                retryable=False) from None
-        return Completed(200, orjson.dumps(out), "application/json", out.get("usage"),
-                         relayed_headers(resp.raw_headers))
+            raise UpstreamError(
+                "upstream sent a malformed Anthropic response", status=502, retryable=False
+            ) from None
+        return Completed(
+            200,
+            orjson.dumps(out),
+            "application/json",
+            out.get("usage"),
+            relayed_headers(resp.raw_headers),
+        )
 
 
 class AnthropicEventStream:
@@ -100,8 +141,13 @@ class AnthropicEventStream:
     an Anthropic `error` event, an event that is not a JSON object, one past `max_event_bytes`,
     or the upstream closing before `message_stop`, each of which ends with an error event."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, translator: AnthropicStreamTranslator,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, route: str = "anthropic") -> None:
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        translator: AnthropicStreamTranslator,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        route: str = "anthropic",
+    ) -> None:
         self._resp = resp
         self._translator = translator
         self._max_event_bytes = max_event_bytes
@@ -119,8 +165,11 @@ class AnthropicEventStream:
                     yield out
                 if ended:
                     return
-                raise UpstreamError(f"upstream {self._route!r} sent an event over "
-                                    f"{exc.limit} bytes", status=502, retryable=False) from None
+                raise UpstreamError(
+                    f"upstream {self._route!r} sent an event over {exc.limit} bytes",
+                    status=502,
+                    retryable=False,
+                ) from None
             out, ended = self._translate(events)
             if out:
                 yield out
@@ -158,8 +207,15 @@ class AnthropicEventStream:
                 usage = c.get("usage")
                 choices = c.get("choices")
                 finish = bool(choices) and choices[0]["finish_reason"] is not None
-                out.append(OutEvent(encode_data(c), content=chunk_has_content(c), usage=usage,
-                                    usage_only=usage is not None and not choices, finish=finish))
+                out.append(
+                    OutEvent(
+                        encode_data(c),
+                        content=chunk_has_content(c),
+                        usage=usage,
+                        usage_only=usage is not None and not choices,
+                        finish=finish,
+                    )
+                )
             if name == "message_stop":
                 out.append(OutEvent(DONE, done=True))
                 return out, True

@@ -7,8 +7,9 @@ re-parses what an upstream already understood.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 import orjson
 
@@ -17,19 +18,19 @@ from gateway.routes import Route
 
 @dataclass(slots=True)
 class OutEvent:
-    raw: bytes                  # SSE-framed bytes for the client
-    content: bool = False       # carries text, a tool-call delta or reasoning
+    raw: bytes  # SSE-framed bytes for the client
+    content: bool = False  # carries text, a tool-call delta or reasoning
     usage: dict | None = None
-    usage_only: bool = False    # the include_usage chunk (choices == [])
-    done: bool = False          # data: [DONE]
-    error: bool = False         # an in-stream error (from upstream, or ours about it)
-    finish: bool = False        # a choice carries a finish_reason
-    malformed: bool = False     # the payload is not a JSON object: the stream cannot go on
-    data: bytes | None = None   # the `data:` payload, while the fields above are not yet read
+    usage_only: bool = False  # the include_usage chunk (choices == [])
+    done: bool = False  # data: [DONE]
+    error: bool = False  # an in-stream error (from upstream, or ours about it)
+    finish: bool = False  # a choice carries a finish_reason
+    malformed: bool = False  # the payload is not a JSON object: the stream cannot go on
+    data: bytes | None = None  # the `data:` payload, while the fields above are not yet read
     resolved: bool = True
 
     @classmethod
-    def unread(cls, raw: bytes, data: bytes | None) -> "OutEvent":
+    def unread(cls, raw: bytes, data: bytes | None) -> OutEvent:
         """An event forwarded as received; its JSON is parsed only when someone asks."""
         return cls(raw, data=data, resolved=False)
 
@@ -38,12 +39,16 @@ class OutEvent:
         bytes mention a usage value, so most events go out without being read first."""
         if not self.resolved:
             data = self.data
-            if (data is not None and b'"usage"' in data and b'"usage":null' not in data
-                    and b'"usage": null' not in data):
+            if (
+                data is not None
+                and b'"usage"' in data
+                and b'"usage":null' not in data
+                and b'"usage": null' not in data
+            ):
                 self.resolve()
         return self.usage_only
 
-    def resolve(self) -> "OutEvent":
+    def resolve(self) -> OutEvent:
         """Parse the payload once and fill the fields the proxy and telemetry read."""
         if self.resolved:
             return self
@@ -75,7 +80,7 @@ class OutEvent:
 class CallContext:
     """Per-request facts an upstream may need besides the body."""
 
-    endpoint: str               # "chat" | "completions"
+    endpoint: str  # "chat" | "completions"
     tenant: str
     upstream_model: str
     request_id: str
@@ -88,16 +93,23 @@ class Completed:
     body: bytes
     content_type: str
     usage: dict | None
-    headers: list[tuple[bytes, bytes]] | None = None   # upstream rate-limit headers to relay
+    headers: list[tuple[bytes, bytes]] | None = None  # upstream rate-limit headers to relay
 
 
 class UpstreamError(Exception):
     """A failure before the first byte; `retryable` tells the proxy whether to try again."""
 
-    def __init__(self, message: str, *, status: int = 502, retryable: bool = True,
-                 body: bytes | None = None, content_type: str | None = None,
-                 retry_after: float | None = None,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        retryable: bool = True,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        retry_after: float | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -105,16 +117,25 @@ class UpstreamError(Exception):
         self.body = body
         self.content_type = content_type
         self.retry_after = retry_after
-        self.headers = headers      # Retry-After and rate-limit headers the client should see
+        self.headers = headers  # Retry-After and rate-limit headers the client should see
 
 
 def client_error(message: str, param: str | None = None) -> UpstreamError:
     """A request this upstream kind cannot take: a 400 with an OpenAI body, never retried (the
     same body would fail the same way on every route)."""
-    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                   "param": param, "code": None}})
-    return UpstreamError(message, status=400, retryable=False, body=body,
-                         content_type="application/json")
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": None,
+            }
+        }
+    )
+    return UpstreamError(
+        message, status=400, retryable=False, body=body, content_type="application/json"
+    )
 
 
 def encode_body(body: dict) -> bytes:
@@ -167,12 +188,13 @@ def retry_after_seconds(value: str | None) -> float | None:
 RELAYED_PREFIXES = (b"x-ratelimit-", b"anthropic-ratelimit-")
 RETRY_HEADERS = frozenset({b"retry-after", b"retry-after-ms"})
 MAX_RELAYED_HEADERS = 32
-_RELAYED_FIRST = frozenset(b"xXaA")   # first bytes of RELAYED_PREFIXES, either case
+_RELAYED_FIRST = frozenset(b"xXaA")  # first bytes of RELAYED_PREFIXES, either case
 _RETRY_FIRST = frozenset(b"xXaArR")
 
 
-def relayed_headers(raw_headers: tuple[tuple[bytes, bytes], ...],
-                    retry: bool = False) -> list[tuple[bytes, bytes]] | None:
+def relayed_headers(
+    raw_headers: tuple[tuple[bytes, bytes], ...], retry: bool = False
+) -> list[tuple[bytes, bytes]] | None:
     """The upstream's rate-limit headers (and, for an error, its Retry-After), lower-cased, at
     most MAX_RELAYED_HEADERS of them; None when there are none. Runs once per response, before
     the first event, so a header's first byte is checked before anything is lower-cased."""
@@ -215,8 +237,12 @@ def chunk_has_content(chunk: dict) -> bool:
             return True
         delta = choice.get("delta")
         if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
-            or delta.get("reasoning") or delta.get("function_call") or delta.get("refusal")
+            delta.get("content")
+            or delta.get("tool_calls")
+            or delta.get("reasoning_content")
+            or delta.get("reasoning")
+            or delta.get("function_call")
+            or delta.get("refusal")
         ):
             return True
     return False

@@ -8,22 +8,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 
 from gateway.errors import sse_error_event
 from gateway.routes import Route
 from gateway.sse import DONE, encode_data
-from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError,
-                                    chunk_has_content)
+from gateway.upstreams.base import (
+    CallContext,
+    Completed,
+    OutEvent,
+    UpstreamError,
+    chunk_has_content,
+)
 
 log = logging.getLogger(__name__)
 
 
 class LocalUpstream:
-    def __init__(self, route: Route, *, device: str | None = None, dtype: str | None = None,
-                 isolate_tenants: bool = False, max_num_batched_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        route: Route,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        isolate_tenants: bool = False,
+        max_num_batched_tokens: int | None = None,
+    ) -> None:
         self.route = route
         self._options = {"device": device, "dtype": dtype, "isolate_tenants": isolate_tenants}
         if max_num_batched_tokens:
@@ -37,8 +50,9 @@ class LocalUpstream:
         from engine_backend import LocalEngine  # heavy: torch
 
         path, demo = self.route.model_path, self.route.demo or not self.route.model_path
-        self.engine = await asyncio.to_thread(LocalEngine.from_model, path, demo=demo,
-                                              **self._options)
+        self.engine = await asyncio.to_thread(
+            LocalEngine.from_model, path, demo=demo, **self._options
+        )
         await self.engine.start()
         self.warm = True
 
@@ -62,26 +76,43 @@ class LocalUpstream:
         from engine_backend import EngineClosedError, EngineRequestError
 
         if isinstance(exc, EngineRequestError):
-            body = orjson.dumps({"error": {"message": exc.message, "type": "invalid_request_error",
-                                           "param": exc.param, "code": None}})
-            return UpstreamError(exc.message, status=400, retryable=False, body=body,
-                                 content_type="application/json")
+            body = orjson.dumps(
+                {
+                    "error": {
+                        "message": exc.message,
+                        "type": "invalid_request_error",
+                        "param": exc.param,
+                        "code": None,
+                    }
+                }
+            )
+            return UpstreamError(
+                exc.message, status=400, retryable=False, body=body, content_type="application/json"
+            )
         if isinstance(exc, EngineClosedError):
             running = self.engine is not None and self.engine.async_engine.is_running
-            return UpstreamError(f"local engine {self.route.name!r} stopped", status=503,
-                                 retryable=not running)
-        log.warning("route %s: request failed in the engine: %s", self.route.name,
-                    type(exc).__name__)
-        return UpstreamError(f"local engine {self.route.name!r} failed on this request "
-                             f"({_reason(exc)})", status=500, retryable=False)
+            return UpstreamError(
+                f"local engine {self.route.name!r} stopped", status=503, retryable=not running
+            )
+        log.warning(
+            "route %s: request failed in the engine: %s", self.route.name, type(exc).__name__
+        )
+        return UpstreamError(
+            f"local engine {self.route.name!r} failed on this request ({_reason(exc)})",
+            status=500,
+            retryable=False,
+        )
 
-    async def open_stream(self, body: dict, ctx: CallContext) -> "LocalEventStream":
+    async def open_stream(self, body: dict, ctx: CallContext) -> LocalEventStream:
         options = body.get("stream_options")
         if options is None or isinstance(options, dict):  # anything else: the engine's 400
             options = {**(options or {}), "include_usage": True}
         body = {**body, "model": ctx.upstream_model, "stream_options": options}
-        make = (self.engine.chat_completion_stream if ctx.endpoint == "chat"
-                else self.engine.completion_stream)
+        make = (
+            self.engine.chat_completion_stream
+            if ctx.endpoint == "chat"
+            else self.engine.completion_stream
+        )
         chunks = make(body, tenant=ctx.tenant)
         try:
             first = await chunks.__anext__()
@@ -120,8 +151,9 @@ class LocalEventStream:
             async for chunk in self._chunks:
                 yield [_event(chunk)]
         except Exception as exc:
-            log.warning("route %s: stream failed in the engine: %s", self._route,
-                        type(exc).__name__)
+            log.warning(
+                "route %s: stream failed in the engine: %s", self._route, type(exc).__name__
+            )
             message = f"local engine {self._route!r} failed on this request ({_reason(exc)})"
             yield [OutEvent(sse_error_event(message), error=True), OutEvent(DONE, done=True)]
             return
@@ -145,5 +177,9 @@ def _reason(exc: Exception) -> str:
 
 def _event(chunk: dict) -> OutEvent:
     usage = chunk.get("usage")
-    return OutEvent(encode_data(chunk), content=chunk_has_content(chunk), usage=usage,
-                    usage_only=usage is not None and not chunk.get("choices"))
+    return OutEvent(
+        encode_data(chunk),
+        content=chunk_has_content(chunk),
+        usage=usage,
+        usage_only=usage is not None and not chunk.get("choices"),
+    )

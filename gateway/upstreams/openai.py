@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
@@ -21,8 +21,16 @@ import orjson
 from gateway.errors import sse_error_event
 from gateway.routes import Route
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES, DONE_DATA, EventTooLarge, SSEEvent, SSEParser
-from gateway.upstreams.base import (CallContext, Completed, OutEvent, UpstreamError, encode_body,
-                                    relayed_headers, retry_after_seconds, usage_from_chunk)
+from gateway.upstreams.base import (
+    CallContext,
+    Completed,
+    OutEvent,
+    UpstreamError,
+    encode_body,
+    relayed_headers,
+    retry_after_seconds,
+    usage_from_chunk,
+)
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -39,15 +47,26 @@ class ResponseTooLarge(Exception):
 def make_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=60, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True,
-                                 skip_auto_headers=("User-Agent",))
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=True,
+        skip_auto_headers=("User-Agent",),
+    )
 
 
 class OpenAIUpstream:
-    def __init__(self, route: Route, *, api_key: str | None, pool_size: int = 256,
-                 connect_timeout_s: float = 10.0, warm_connections: int = 2,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+    def __init__(
+        self,
+        route: Route,
+        *,
+        api_key: str | None,
+        pool_size: int = 256,
+        connect_timeout_s: float = 10.0,
+        warm_connections: int = 2,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self.route = route
         self.base_url = (route.base_url or "").rstrip("/")
         self._api_key = api_key
@@ -62,8 +81,11 @@ class OpenAIUpstream:
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         # identity: a compressed event stream would sit in the decompressor between events.
-        headers = {"content-type": "application/json", "accept-encoding": "identity",
-                   **self.route.headers}
+        headers = {
+            "content-type": "application/json",
+            "accept-encoding": "identity",
+            **self.route.headers,
+        }
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
         if extra:
@@ -76,14 +98,19 @@ class OpenAIUpstream:
 
     async def warm_up(self) -> None:
         """Open keep-alive connections now so the first request pays no TCP/TLS handshake."""
+
         async def one() -> None:
             try:
-                async with self.session.get(self.base_url + "/models", headers=self.headers(),
-                                            timeout=aiohttp.ClientTimeout(total=5),
-                                            allow_redirects=False) as resp:
+                async with self.session.get(
+                    self.base_url + "/models",
+                    headers=self.headers(),
+                    timeout=aiohttp.ClientTimeout(total=5),
+                    allow_redirects=False,
+                ) as resp:
                     await read_limited(resp, WARM_UP_READ_BYTES)
             except Exception as exc:  # a cold pool is slower, not broken
                 log.info("warm-up of route %s failed: %s", self.route.name, type(exc).__name__)
+
         await asyncio.gather(*(one() for _ in range(self._warm_connections)))
         self.warm = True
 
@@ -94,17 +121,27 @@ class OpenAIUpstream:
             return self._models[1]
         cards: list[dict] = []
         try:
-            async with self.session.get(self.base_url + "/models", headers=self.headers(),
-                                        timeout=aiohttp.ClientTimeout(total=2),
-                                        allow_redirects=False) as resp:
+            async with self.session.get(
+                self.base_url + "/models",
+                headers=self.headers(),
+                timeout=aiohttp.ClientTimeout(total=2),
+                allow_redirects=False,
+            ) as resp:
                 if resp.status == 200:
                     listing = orjson.loads(await read_limited(resp, self.max_response_bytes))
                     items = listing.get("data") if isinstance(listing, dict) else None
-                    cards = [self.card(item) for item in
-                             (items if isinstance(items, list) else ())
-                             if isinstance(item, dict) and isinstance(item.get("id"), str)]
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, orjson.JSONDecodeError,
-                ResponseTooLarge):
+                    cards = [
+                        self.card(item)
+                        for item in (items if isinstance(items, list) else ())
+                        if isinstance(item, dict) and isinstance(item.get("id"), str)
+                    ]
+        except (
+            TimeoutError,
+            aiohttp.ClientError,
+            OSError,
+            orjson.JSONDecodeError,
+            ResponseTooLarge,
+        ):
             log.info("model list of route %s unavailable", self.route.name)
         self._models = (now, cards)
         return cards
@@ -119,12 +156,16 @@ class OpenAIUpstream:
 
     async def _post(self, path: str, payload: bytes, ctx: CallContext) -> aiohttp.ClientResponse:
         try:
-            resp = await self.session.post(self.base_url + path, data=payload,
-                                           headers=self.headers(ctx.forward_headers),
-                                           allow_redirects=False)
+            resp = await self.session.post(
+                self.base_url + path,
+                data=payload,
+                headers=self.headers(ctx.forward_headers),
+                allow_redirects=False,
+            )
         except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise UpstreamError(f"upstream {self.route.name!r} unreachable ({type(exc).__name__})",
-                                status=503) from None
+            raise UpstreamError(
+                f"upstream {self.route.name!r} unreachable ({type(exc).__name__})", status=503
+            ) from None
         if resp.status >= 300:
             raise await self._status_error(resp)
         return resp
@@ -135,8 +176,12 @@ class OpenAIUpstream:
             # A redirect would carry the route's key and the prompt to wherever it points;
             # the same request would be redirected again, so it is not retried either.
             resp.close()
-            return UpstreamError(f"upstream {name!r} answered {status}, a redirect, which the "
-                                 "gateway does not follow", status=status, retryable=False)
+            return UpstreamError(
+                f"upstream {name!r} answered {status}, a redirect, which the "
+                "gateway does not follow",
+                status=status,
+                retryable=False,
+            )
         headers = relayed_headers(resp.raw_headers, retry=True)
         retry_after = retry_after_seconds(resp.headers.get("retry-after"))
         content_type = resp.headers.get("content-type", "application/json")
@@ -147,9 +192,15 @@ class OpenAIUpstream:
         finally:
             resp.release()
         retryable = status >= 500 or status == 429
-        return UpstreamError(f"upstream {name!r} answered {status}", status=status,
-                             retryable=retryable, body=body, content_type=content_type,
-                             retry_after=retry_after, headers=headers)
+        return UpstreamError(
+            f"upstream {name!r} answered {status}",
+            status=status,
+            retryable=retryable,
+            body=body,
+            content_type=content_type,
+            retry_after=retry_after,
+            headers=headers,
+        )
 
     def _expect(self, resp: aiohttp.ClientResponse, stream: bool) -> None:
         """A stream must come as text/event-stream and a completion as JSON; anything else (an
@@ -163,20 +214,25 @@ class OpenAIUpstream:
             return
         resp.close()
         wanted = "text/event-stream" if stream else "JSON"
-        raise UpstreamError(f"upstream {self.route.name!r} answered {media[:64]!r} where "
-                            f"{wanted} was expected", status=502)
+        raise UpstreamError(
+            f"upstream {self.route.name!r} answered {media[:64]!r} where {wanted} was expected",
+            status=502,
+        )
 
     async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
         try:
             return await read_limited(resp, self.max_response_bytes)
         except ResponseTooLarge:
-            raise UpstreamError(f"upstream {self.route.name!r} sent a response over "
-                                f"{self.max_response_bytes} bytes", status=502,
-                                retryable=False) from None
+            raise UpstreamError(
+                f"upstream {self.route.name!r} sent a response over "
+                f"{self.max_response_bytes} bytes",
+                status=502,
+                retryable=False,
+            ) from None
         finally:
             resp.release()
 
-    async def open_stream(self, body: dict, ctx: CallContext) -> "OpenAIEventStream":
+    async def open_stream(self, body: dict, ctx: CallContext) -> OpenAIEventStream:
         resp = await self._post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx)
         self._expect(resp, stream=True)
         return OpenAIEventStream(resp, self.max_event_bytes, self.route.name)
@@ -186,8 +242,13 @@ class OpenAIUpstream:
         self._expect(resp, stream=False)
         raw = await self.read_body(resp)
         parsed = json_object_body(raw, self.route.name)
-        return Completed(resp.status, raw, resp.headers.get("content-type", "application/json"),
-                         usage_from_chunk(parsed), relayed_headers(resp.raw_headers))
+        return Completed(
+            resp.status,
+            raw,
+            resp.headers.get("content-type", "application/json"),
+            usage_from_chunk(parsed),
+            relayed_headers(resp.raw_headers),
+        )
 
 
 def json_object_body(raw: bytes, route_name: str) -> dict:
@@ -198,8 +259,9 @@ def json_object_body(raw: bytes, route_name: str) -> dict:
     except orjson.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise UpstreamError(f"upstream {route_name!r} answered with a body that is not "
-                            "a JSON object", status=502)
+        raise UpstreamError(
+            f"upstream {route_name!r} answered with a body that is not a JSON object", status=502
+        )
     return parsed
 
 
@@ -227,8 +289,12 @@ class OpenAIEventStream:
     It stops reading at `[DONE]`; an event whose data is not a JSON object becomes an error
     event and ends the stream, as does an event past `max_event_bytes`."""
 
-    def __init__(self, resp: aiohttp.ClientResponse,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, route: str = "upstream") -> None:
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        route: str = "upstream",
+    ) -> None:
         self._resp = resp
         self._parser = SSEParser(max_event_bytes)
         self._route = route
@@ -245,8 +311,11 @@ class OpenAIEventStream:
                     yield out
                     if out[-1].done or out[-1].error:
                         return
-                raise UpstreamError(f"upstream {self._route!r} sent an event over "
-                                    f"{exc.limit} bytes", status=502, retryable=False) from None
+                raise UpstreamError(
+                    f"upstream {self._route!r} sent an event over {exc.limit} bytes",
+                    status=502,
+                    retryable=False,
+                ) from None
             if events:
                 out = self._out(events)
                 yield out
@@ -268,8 +337,14 @@ class OpenAIEventStream:
                     out.append(OutEvent(e.raw, done=True))
                     return out
                 if not stripped.startswith(b"{"):
-                    out.append(OutEvent(sse_error_event(
-                        f"upstream {self._route!r} sent an event that is not JSON"), error=True))
+                    out.append(
+                        OutEvent(
+                            sse_error_event(
+                                f"upstream {self._route!r} sent an event that is not JSON"
+                            ),
+                            error=True,
+                        )
+                    )
                     return out
             out.append(OutEvent.unread(e.raw, data))
         return out
@@ -279,4 +354,3 @@ class OpenAIEventStream:
         # upstream must see the connection drop at once.
         if not self._resp.closed:
             self._resp.close()
-

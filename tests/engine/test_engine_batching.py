@@ -52,9 +52,9 @@ def test_cached_prefix_is_not_recomputed(checkpoint, helpers):
     folder, _ = checkpoint("llama")
     engine = make_engine(folder)
     shared = helpers.random_prompt(96, seed=1)
-    engine.generate([shared + [7]], GREEDY)
+    engine.generate([[*shared, 7]], GREEDY)
     recorder = ForwardRecorder(engine)
-    engine.add_request("warm", shared + [8, 9, 10], GREEDY)
+    engine.add_request("warm", [*shared, 8, 9, 10], GREEDY)
     first = engine.step()
     assert first[0].num_cached_tokens == 96
     assert recorder.calls == [3]  # only the three new tokens ran through the model
@@ -92,10 +92,10 @@ def test_hit_on_blocks_a_running_request_still_uses(checkpoint, helpers):
     engine = make_engine(folder)
     shared = helpers.random_prompt(40, seed=5)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    engine.add_request("first", shared + [3], params)
+    engine.add_request("first", [*shared, 3], params)
     engine.step()
     engine.step()
-    engine.add_request("second", shared + [4, 4], params)
+    engine.add_request("second", [*shared, 4, 4], params)
     tokens = {"first": [], "second": []}
     cached = {}
     while engine.has_unfinished():
@@ -103,7 +103,7 @@ def test_hit_on_blocks_a_running_request_still_uses(checkpoint, helpers):
             tokens[out.request_id] += out.new_token_ids
             cached[out.request_id] = out.num_cached_tokens
     assert cached["second"] == 40
-    assert tokens["second"] == helpers.reference_greedy(hf_model, shared + [4, 4], 12)
+    assert tokens["second"] == helpers.reference_greedy(hf_model, [*shared, 4, 4], 12)
     assert len(tokens["first"]) == 10  # two tokens came before this loop
 
 

@@ -37,7 +37,7 @@ def test_shared_prefix_hits_full_blocks_only_and_never_the_last_token():
     bm = BlockManager(num_blocks=16, block_size=4)
     first = seq(list(range(10)), name="a")
     admit_and_compute(bm, first)
-    second = seq(list(range(9)) + [99], name="b")
+    second = seq([*list(range(9)), 99], name="b")
     hits = admit_and_compute(bm, second)
     assert hits == first.block_table[:2]  # block 3 (tokens 8..9) is partial
     assert all(bm.blocks[b].ref_count == 2 for b in hits)

@@ -32,7 +32,7 @@ def run_and_check(engine, hf_model, helpers, prompts, params=GREEDY, salt=None) 
     """Run `prompts` together; check logits at every computed position and greedy tokens.
     Returns each request's num_cached_tokens."""
     ids = [f"req-{i}-{len(engine.captured_logits)}" for i in range(len(prompts))]
-    for request_id, prompt in zip(ids, prompts):
+    for request_id, prompt in zip(ids, prompts, strict=False):
         engine.add_request(request_id, prompt, params, cache_salt=salt)
     outputs = {request_id: [] for request_id in ids}
     cached = {}
@@ -43,7 +43,7 @@ def run_and_check(engine, hf_model, helpers, prompts, params=GREEDY, salt=None) 
             outputs[out.request_id].extend(out.new_token_ids)
             cached[out.request_id] = out.num_cached_tokens
     assert not engine.has_unfinished()
-    for request_id, prompt in zip(ids, prompts):
+    for request_id, prompt in zip(ids, prompts, strict=False):
         generated = outputs[request_id]
         assert generated == helpers.reference_greedy(hf_model, prompt, params.max_tokens)
         reference = helpers.reference_logits(hf_model, prompt + generated[:-1])
@@ -92,9 +92,9 @@ def test_prefix_cache_hit_matches_and_skips_the_prefix(checkpoint, helpers, arch
     folder, hf_model = checkpoint(arch)
     engine = make_engine(folder)
     shared = helpers.random_prompt(30, seed=5)
-    assert run_and_check(engine, hf_model, helpers, [shared + [7, 8, 9]]) == [0]
+    assert run_and_check(engine, hf_model, helpers, [[*shared, 7, 8, 9]]) == [0]
     # 30 shared tokens = 7 full blocks of 4 (the 8th holds tokens 28..31, not all shared).
-    assert run_and_check(engine, hf_model, helpers, [shared + [10, 11, 12, 13]]) == [28]
+    assert run_and_check(engine, hf_model, helpers, [[*shared, 10, 11, 12, 13]]) == [28]
     # A prompt wholly cached still recomputes its last token to get logits.
     exact = shared[:28]
     assert run_and_check(engine, hf_model, helpers, [exact]) == [24]

@@ -35,14 +35,14 @@ def test_hits_are_reported_and_outputs_unchanged(checkpoint, helpers):
     folder, hf_model = checkpoint("qwen2")
     engine = make_engine(folder)
     system = helpers.random_prompt(40, seed=21)
-    cold_tokens, cold_cached = run_one(engine, "a", system + [5, 6, 7])
-    warm_tokens, warm_cached = run_one(engine, "b", system + [5, 6, 7])
+    cold_tokens, cold_cached = run_one(engine, "a", [*system, 5, 6, 7])
+    warm_tokens, warm_cached = run_one(engine, "b", [*system, 5, 6, 7])
     assert (
         cold_cached == 0 and warm_cached == 40
     )  # 43 tokens: 10 full blocks, last token recomputed
-    assert warm_tokens == cold_tokens == helpers.reference_greedy(hf_model, system + [5, 6, 7], 5)
+    assert warm_tokens == cold_tokens == helpers.reference_greedy(hf_model, [*system, 5, 6, 7], 5)
     # Generated tokens are cached too: a follow-up turn hits beyond the prompt.
-    follow_up = system + [5, 6, 7] + cold_tokens + [9, 9]
+    follow_up = [*system, 5, 6, 7, *cold_tokens, 9, 9]
     _, follow_cached = run_one(engine, "c", follow_up)
     assert follow_cached == 44
 
@@ -87,7 +87,7 @@ def test_lpm_admits_the_longest_cached_prefix_first(checkpoint, helpers):
     warm = helpers.random_prompt(24, seed=50)
     run_one(engine, "prime", warm)
     engine.add_request("cold", helpers.random_prompt(24, seed=51), GREEDY)
-    engine.add_request("warm", warm[:20] + [3, 3, 3, 3], GREEDY)
+    engine.add_request("warm", [*warm[:20], 3, 3, 3, 3], GREEDY)
     first = engine.step()
     assert [o.request_id for o in first] == ["warm"] and first[0].num_cached_tokens == 20
 

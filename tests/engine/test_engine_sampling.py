@@ -113,13 +113,27 @@ def test_add_request_validation(checkpoint):
         engine.add_request("a", [5], SamplingParams())
 
 
-@pytest.mark.parametrize("bad", [
-    dict(max_tokens=0), dict(max_tokens=True), dict(max_tokens=2.0),
-    dict(top_p=0.0), dict(top_p=float("nan")),
-    dict(temperature=-1.0), dict(temperature=float("nan")), dict(temperature=float("inf")),
-    dict(top_k=-1), dict(top_k=2**63), dict(top_k=2**31), dict(top_k=True),
-    dict(seed=2**64), dict(seed=-(2**63) - 1), dict(seed=1.5), dict(seed=False),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(max_tokens=True),
+        dict(max_tokens=2.0),
+        dict(top_p=0.0),
+        dict(top_p=float("nan")),
+        dict(temperature=-1.0),
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_k=-1),
+        dict(top_k=2**63),
+        dict(top_k=2**31),
+        dict(top_k=True),
+        dict(seed=2**64),
+        dict(seed=-(2**63) - 1),
+        dict(seed=1.5),
+        dict(seed=False),
+    ],
+)
 def test_sampling_params_validation(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
@@ -153,7 +167,7 @@ def test_a_row_that_cannot_be_sampled_fails_its_request_alone(checkpoint):
     expected = engine.generate(prompts[:2], [greedy, seeded])
     poison = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
     poison.top_k = 2**63
-    for request_id, prompt, params in zip("abp", prompts, [greedy, seeded, poison]):
+    for request_id, prompt, params in zip("abp", prompts, [greedy, seeded, poison], strict=False):
         engine.add_request(request_id, prompt, params)
     outputs: dict[str, list] = {"a": [], "b": [], "p": []}
     for _ in range(100):
@@ -164,7 +178,7 @@ def test_a_row_that_cannot_be_sampled_fails_its_request_alone(checkpoint):
     (failed,) = outputs["p"]
     assert failed.finished and failed.finish_reason == "error" and failed.new_token_ids == []
     assert "sampling failed" in failed.error
-    for request_id, want in zip("ab", expected):
+    for request_id, want in zip("ab", expected, strict=False):
         assert [t for o in outputs[request_id] for t in o.new_token_ids] == want
         assert outputs[request_id][-1].finish_reason == "length"
         assert all(o.error is None for o in outputs[request_id])

@@ -52,7 +52,7 @@ def test_step_respects_token_budget_and_runs_decodes_first(checkpoint, helpers):
         tokens = engine.sampler.sample(
             result.logits, [s.params for s in result.sampled], [None] * len(result.sampled)
         )
-        for s, token in zip(result.sampled, tokens):
+        for s, token in zip(result.sampled, tokens, strict=False):
             s.token_ids.append(token)
         assert [s.request_id for s in result.sampled][3:] == (["long"] if chunk == 8 else [])
 

@@ -19,8 +19,9 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def make_engine(model_dir: str) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model_dir, num_blocks=128, block_size=16,
-                                  max_num_batched_tokens=256))
+    return LLMEngine(
+        EngineConfig(model=model_dir, num_blocks=128, block_size=16, max_num_batched_tokens=256)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def prompt(n: int, offset: int = 0) -> list[int]:
     streamed text can be compared with a plain decode of the output ids."""
     assert _text_ids, "needs the engine fixture"
     assert offset + n <= len(_text_ids)
-    return _text_ids[offset:offset + n]
+    return _text_ids[offset : offset + n]
 
 
 async def wait_all_blocks_free(engine: AsyncEngine, timeout: float = 5.0) -> None:
@@ -71,7 +72,7 @@ async def test_concurrent_streams_match_the_synchronous_engine(engine, reference
     params = SamplingParams(max_tokens=12, **GREEDY)
     expected = reference.generate(prompts, params)
     results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
-    for outputs, want, p in zip(results, expected, prompts):
+    for outputs, want, p in zip(results, expected, prompts, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
         assert [out.finished for out in outputs] == [False] * (len(outputs) - 1) + [True]
         assert outputs[-1].finish_reason == "length"
@@ -130,11 +131,12 @@ async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -
     full_text = tok.decode(full_ids)
     # A stop string that straddles tokens, taken from the middle of the greedy output.
     middle = len(tok.decode(full_ids[:20]))
-    stop = full_text[middle - 2:middle + 2]
+    stop = full_text[middle - 2 : middle + 2]
     cut = full_text.find(stop)
     assert len(stop) == 4 and cut >= 0
-    outputs = await collect(engine, ids, SamplingParams(max_tokens=40, **GREEDY),
-                            stop=["never-in-output-\x00", stop])
+    outputs = await collect(
+        engine, ids, SamplingParams(max_tokens=40, **GREEDY), stop=["never-in-output-\x00", stop]
+    )
     text = "".join(o.text for o in outputs)
     assert text == full_text[:cut]
     assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
@@ -161,10 +163,11 @@ async def test_a_sampling_failure_ends_that_stream_alone(engine, reference) -> N
                 pass
         return info.value
 
-    *results, error = await asyncio.gather(*(collect(engine, p, params) for p in prompts),
-                                           poisoned())
+    *results, error = await asyncio.gather(
+        *(collect(engine, p, params) for p in prompts), poisoned()
+    )
     assert not isinstance(error, EngineClosedError)
-    for outputs, want in zip(results, expected):
+    for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
         assert outputs[-1].finish_reason == "length"
     assert engine.is_running
@@ -173,8 +176,7 @@ async def test_a_sampling_failure_ends_that_stream_alone(engine, reference) -> N
     assert [t for out in again for t in out.token_ids] == expected[0]
 
 
-async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference,
-                                                            monkeypatch) -> None:
+async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference, monkeypatch) -> None:
     marker = prompt(30, 7)
 
     class Fragile(IncrementalDetokenizer):
@@ -203,10 +205,9 @@ async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference,
                 seen.append(out)
         return seen
 
-    *results, seen = await asyncio.gather(*(collect(engine, p, params) for p in prompts),
-                                          fragile())
+    *results, seen = await asyncio.gather(*(collect(engine, p, params) for p in prompts), fragile())
     assert len(seen) == 2 and not seen[-1].finished
-    for outputs, want in zip(results, expected):
+    for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
         assert "".join(o.text for o in outputs) == engine.tokenizer.decode(want)
     await wait_all_blocks_free(engine)  # the failed request was aborted in the engine too

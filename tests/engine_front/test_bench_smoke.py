@@ -15,9 +15,22 @@ def test_bench_quick_run_writes_all_parts(tmp_path) -> None:
     out = tmp_path / "engine_ttft.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "engine_ttft.py"), "--quick", "--threads", "1",
-         "--out", str(out), "--cache-dir", str(tmp_path / "models")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT)
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "engine_ttft.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "models"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - started < 60
     results = json.loads(out.read_text())
@@ -34,5 +47,7 @@ def test_bench_quick_run_writes_all_parts(tmp_path) -> None:
     assert [r["streams"] for r in results["throughput"]] == [1, 4, 16]
     assert [r["tokens"] for r in results["throughput"]] == [8, 32, 128]
     assert {t["target"] for t in results["targets"]} >= {
-        "p99 gap, smallest budget / unchunked", "decode tokens/s, 16 streams / 1"}
+        "p99 gap, smallest budget / unchunked",
+        "decode tokens/s, 16 streams / 1",
+    }
     assert "targets" in proc.stdout and "[4] decode throughput" in proc.stdout

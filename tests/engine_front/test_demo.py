@@ -19,8 +19,13 @@ def test_default_demo_builds_fast_and_is_cached(tmp_path) -> None:
     path = build_demo_model(str(tmp_path))
     built_in = time.perf_counter() - started
     assert built_in < 3.0, f"demo build took {built_in:.2f} s"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert os.path.isfile(os.path.join(path, name)), name
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
@@ -37,8 +42,9 @@ def test_default_demo_builds_fast_and_is_cached(tmp_path) -> None:
 def test_weights_are_deterministic_and_keyed_by_spec(tmp_path) -> None:
     a = build_demo_model(str(tmp_path / "a"), TINY_SPEC)
     b = build_demo_model(str(tmp_path / "b"), TINY_SPEC)
-    other = build_demo_model(str(tmp_path / "a"), RandomModelSpec(**{**TINY_SPEC.__dict__,
-                                                                     "seed": 8}))
+    other = build_demo_model(
+        str(tmp_path / "a"), RandomModelSpec(**{**TINY_SPEC.__dict__, "seed": 8})
+    )
     assert os.path.basename(a) == os.path.basename(b) != os.path.basename(other)
     wa, wb, wo = (load_file(os.path.join(p, "model.safetensors")) for p in (a, b, other))
     assert wa.keys() == wb.keys()
@@ -52,8 +58,7 @@ def test_vocab_size_can_exceed_the_tokenizer(tmp_path) -> None:
     weights = load_file(os.path.join(path, "model.safetensors"))
     assert weights["model.embed_tokens.weight"].shape == (1000, 64)
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
-        build_demo_model(str(tmp_path), RandomModelSpec(**{**TINY_SPEC.__dict__,
-                                                           "vocab_size": 10}))
+        build_demo_model(str(tmp_path), RandomModelSpec(**{**TINY_SPEC.__dict__, "vocab_size": 10}))
 
 
 def test_transformers_loads_the_demo_folder(tiny_model_dir: str) -> None:

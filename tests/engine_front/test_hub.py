@@ -11,11 +11,14 @@ def test_existing_folder_is_used_as_is(tiny_model_dir: str) -> None:
     assert resolve_model(tiny_model_dir) == tiny_model_dir
 
 
-@pytest.mark.parametrize("model, message", [
-    ("./missing-model", "no model folder"),
-    ("/abs/missing", "no model folder"),
-    ("a/b/c", "not a Hugging Face id"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("./missing-model", "no model folder"),
+        ("/abs/missing", "no model folder"),
+        ("a/b/c", "not a Hugging Face id"),
+    ],
+)
 def test_paths_that_are_not_folders(model: str, message: str) -> None:
     with pytest.raises(ModelNotFoundError, match=message):
         resolve_model(model)

@@ -14,34 +14,50 @@ LONG_TEXT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." f
 
 @pytest.fixture
 async def local(tiny_model_dir: str):
-    engine = LocalEngine.from_model(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256,
-                                    isolate_tenants=True)
+    engine = LocalEngine.from_model(
+        tiny_model_dir, num_blocks=128, max_num_batched_tokens=256, isolate_tenants=True
+    )
     await engine.start()
     yield engine
     await engine.aclose()
 
 
 def chat(content: str = "Hello!", **extra) -> dict:
-    return {"model": "x", "messages": [{"role": "user", "content": content}],
-            "temperature": 0, "max_tokens": 8, "ignore_eos": True, **extra}
+    return {
+        "model": "x",
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 async def test_chat_stream_has_openai_shape(local: LocalEngine) -> None:
-    chunks = [c async for c in local.chat_completion_stream(
-        chat(stream=True, stream_options={"include_usage": True}))]
+    chunks = [
+        c
+        async for c in local.chat_completion_stream(
+            chat(stream=True, stream_options={"include_usage": True})
+        )
+    ]
     first, *middle, finish, usage = chunks
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["choices"][0]["delta"].keys() == {"content"} for c in middle)
-    assert finish["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
-                                    "finish_reason": "length"}
+    assert finish["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
     assert all(c["usage"] is None for c in chunks[:-1])
     assert len({c["id"] for c in chunks}) == 1
     full = await local.chat_completion(chat())
     assert full["object"] == "chat.completion"
     assert full["choices"][0]["message"]["content"] == "".join(
-        c["choices"][0]["delta"]["content"] for c in chunks[:-2])
+        c["choices"][0]["delta"]["content"] for c in chunks[:-2]
+    )
     prompt_ids = local.tokenizer.encode_chat([{"role": "user", "content": "Hello!"}])
     assert full["usage"]["prompt_tokens"] == len(prompt_ids)
     assert full["usage"]["total_tokens"] == len(prompt_ids) + 8
@@ -80,16 +96,25 @@ async def test_cached_tokens_and_tenant_isolation(local: LocalEngine) -> None:
 
 
 async def test_stop_and_max_completion_tokens(local: LocalEngine) -> None:
-    reference = (await local.completion({"prompt": "abc", "temperature": 0, "max_tokens": 30,
-                                         "ignore_eos": True}))["choices"][0]["text"]
+    reference = (
+        await local.completion(
+            {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True}
+        )
+    )["choices"][0]["text"]
     stop = reference[10:13]
     cut = reference.find(stop)
-    stopped = await local.completion({"prompt": "abc", "temperature": 0, "max_tokens": 30,
-                                      "ignore_eos": True, "stop": stop})
-    assert stopped["choices"][0] == {"index": 0, "text": reference[:cut], "logprobs": None,
-                                     "finish_reason": "stop"}
-    both = await local.completion({"prompt": "abc", "max_tokens": 30,
-                                   "max_completion_tokens": 4, "ignore_eos": True})
+    stopped = await local.completion(
+        {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True, "stop": stop}
+    )
+    assert stopped["choices"][0] == {
+        "index": 0,
+        "text": reference[:cut],
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    both = await local.completion(
+        {"prompt": "abc", "max_tokens": 30, "max_completion_tokens": 4, "ignore_eos": True}
+    )
     assert both["usage"]["completion_tokens"] == 4
 
 
@@ -106,19 +131,22 @@ async def test_text_content_parts_are_joined(local: LocalEngine) -> None:
     assert as_parts["choices"] == as_string["choices"]
 
 
-@pytest.mark.parametrize("body, param", [
-    (chat(n=2), "n"),
-    (chat(temperature=3), "temperature"),
-    (chat(top_p="high"), "top_p"),
-    (chat(max_tokens=0), "max_tokens"),
-    (chat(max_tokens=100_000), "max_tokens"),
-    (chat(stop=[1, 2]), "stop"),
-    (chat(logprobs=True), "logprobs"),
-    (chat("word " * 3000), "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (chat(n=2), "n"),
+        (chat(temperature=3), "temperature"),
+        (chat(top_p="high"), "top_p"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_tokens=100_000), "max_tokens"),
+        (chat(stop=[1, 2]), "stop"),
+        (chat(logprobs=True), "logprobs"),
+        (chat("word " * 3000), "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ],
+)
 async def test_bad_requests_fail_before_the_first_chunk(local, body, param) -> None:
     stream = local.chat_completion_stream({**body, "stream": True})
     with pytest.raises(EngineRequestError) as info:
@@ -135,30 +163,68 @@ def deep(levels: int) -> dict:
     return value
 
 
-@pytest.mark.parametrize("field, value", [
-    ("top_k", 2**63), ("top_k", 2**31), ("top_k", -2), ("top_k", True), ("top_k", 1.5),
-    ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", "1"), ("seed", True),
-    ("temperature", True), ("temperature", float("nan")), ("temperature", float("inf")),
-    ("temperature", -0.1), ("temperature", "1"),
-    ("top_p", float("nan")), ("top_p", 1.01), ("top_p", -0.1), ("top_p", False),
-    ("max_tokens", True), ("max_tokens", 2**70), ("max_tokens", 1.0), ("max_tokens", -1),
-    ("max_completion_tokens", "5"), ("max_completion_tokens", 0),
-    ("presence_penalty", 5), ("frequency_penalty", "x"), ("repetition_penalty", -1),
-    ("min_p", 2),
-    ("logit_bias", {"5": 10}), ("logit_bias", [1]), ("min_tokens", 3), ("min_tokens", -1),
-    ("n", True), ("n", 0), ("best_of", 2), ("top_logprobs", 2), ("echo", True),
-    ("ignore_eos", "false"), ("ignore_eos", 1),
-    ("stream", "yes"), ("stream_options", []), ("stream_options", {"include_usage": "yes"}),
-    ("stop", "x" * 1000), ("stop", ["a"] * 17), ("stop", {"a": 1}),
-    ("cache_salt", 5), ("cache_salt", "s" * 5000),
-    ("chat_template_kwargs", [1]), ("chat_template_kwargs", {"tools": 1}),
-    ("chat_template_kwargs", {"messages": []}),
-    ("chat_template_kwargs", {"add_generation_prompt": "no"}),
-    ("tools", {"a": 1}), ("tools", [1]), ("tools", [{"type": "function", "function": 5}]),
-    ("tools", [{"type": "function", "function": {"name": 5}}]),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": deep(5000)}}]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("top_k", 2**63),
+        ("top_k", 2**31),
+        ("top_k", -2),
+        ("top_k", True),
+        ("top_k", 1.5),
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("seed", "1"),
+        ("seed", True),
+        ("temperature", True),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", -0.1),
+        ("temperature", "1"),
+        ("top_p", float("nan")),
+        ("top_p", 1.01),
+        ("top_p", -0.1),
+        ("top_p", False),
+        ("max_tokens", True),
+        ("max_tokens", 2**70),
+        ("max_tokens", 1.0),
+        ("max_tokens", -1),
+        ("max_completion_tokens", "5"),
+        ("max_completion_tokens", 0),
+        ("presence_penalty", 5),
+        ("frequency_penalty", "x"),
+        ("repetition_penalty", -1),
+        ("min_p", 2),
+        ("logit_bias", {"5": 10}),
+        ("logit_bias", [1]),
+        ("min_tokens", 3),
+        ("min_tokens", -1),
+        ("n", True),
+        ("n", 0),
+        ("best_of", 2),
+        ("top_logprobs", 2),
+        ("echo", True),
+        ("ignore_eos", "false"),
+        ("ignore_eos", 1),
+        ("stream", "yes"),
+        ("stream_options", []),
+        ("stream_options", {"include_usage": "yes"}),
+        ("stop", "x" * 1000),
+        ("stop", ["a"] * 17),
+        ("stop", {"a": 1}),
+        ("cache_salt", 5),
+        ("cache_salt", "s" * 5000),
+        ("chat_template_kwargs", [1]),
+        ("chat_template_kwargs", {"tools": 1}),
+        ("chat_template_kwargs", {"messages": []}),
+        ("chat_template_kwargs", {"add_generation_prompt": "no"}),
+        ("tools", {"a": 1}),
+        ("tools", [1]),
+        ("tools", [{"type": "function", "function": 5}]),
+        ("tools", [{"type": "function", "function": {"name": 5}}]),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": deep(5000)}}]),
+    ],
+)
 async def test_every_field_the_engine_reads_is_checked(local, field, value) -> None:
     """A wrong type or range is a 400 naming the field, for the stream and the full answer,
     and never reaches the engine (nothing is queued, nothing is left behind)."""
@@ -176,10 +242,16 @@ async def test_every_field_the_engine_reads_is_checked(local, field, value) -> N
     assert local.engine.requests == {} and not local.engine.has_unfinished()
 
 
-@pytest.mark.parametrize("content, name", [
-    ([{"type": "text", "text": {"nested": 1}}], None), ([{"type": "text", "text": 5}], None),
-    (["plain string part"], None), (5, None), ("ok", 5),
-])
+@pytest.mark.parametrize(
+    "content, name",
+    [
+        ([{"type": "text", "text": {"nested": 1}}], None),
+        ([{"type": "text", "text": 5}], None),
+        (["plain string part"], None),
+        (5, None),
+        ("ok", 5),
+    ],
+)
 async def test_message_fields_templates_read_are_typed(local, content, name) -> None:
     message = {"role": "user", "content": content, **({"name": name} if name else {})}
     with pytest.raises(EngineRequestError) as info:
@@ -188,11 +260,20 @@ async def test_message_fields_templates_read_are_typed(local, content, name) -> 
 
 
 async def test_values_at_their_bounds_are_served(local: LocalEngine) -> None:
-    for extra in ({"top_k": 2**31 - 1, "temperature": 2, "top_p": 0, "seed": 2**64 - 1},
-                  {"top_k": -1, "seed": -(2**63), "temperature": 1e-30},
-                  {"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {},
-                   "min_tokens": 0, "stream": False, "stream_options": None, "n": 1,
-                   "chat_template_kwargs": {"add_generation_prompt": True}}):
+    for extra in (
+        {"top_k": 2**31 - 1, "temperature": 2, "top_p": 0, "seed": 2**64 - 1},
+        {"top_k": -1, "seed": -(2**63), "temperature": 1e-30},
+        {
+            "presence_penalty": -2,
+            "frequency_penalty": 2,
+            "logit_bias": {},
+            "min_tokens": 0,
+            "stream": False,
+            "stream_options": None,
+            "n": 1,
+            "chat_template_kwargs": {"add_generation_prompt": True},
+        },
+    ):
         out = await local.chat_completion({**chat(), **extra, "max_tokens": 3})
         assert out["usage"]["completion_tokens"] == 3
 
@@ -208,8 +289,12 @@ async def test_a_template_that_breaks_on_the_kwargs_is_a_400(local: LocalEngine)
 
 
 async def test_bad_completion_prompts(local: LocalEngine) -> None:
-    for prompt, match in ((["a", "b"], "batched"), (None, "prompt"), ([10**9], "vocabulary"),
-                          ("", "empty")):
+    for prompt, match in (
+        (["a", "b"], "batched"),
+        (None, "prompt"),
+        ([10**9], "vocabulary"),
+        ("", "empty"),
+    ):
         with pytest.raises(EngineRequestError, match=match) as info:
             await local.completion({"prompt": prompt, "max_tokens": 2})
         assert info.value.param == "prompt"

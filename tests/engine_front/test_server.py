@@ -29,8 +29,11 @@ def free_port() -> int:
 def served(tiny_model_dir: str):
     engine = LocalEngine.from_model(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -46,8 +49,7 @@ def served(tiny_model_dir: str):
 
 @pytest.fixture
 def client(served) -> openai.OpenAI:
-    with openai.OpenAI(base_url=served[0] + "/v1", api_key="key-a", max_retries=0,
-                       timeout=30) as c:
+    with openai.OpenAI(base_url=served[0] + "/v1", api_key="key-a", max_retries=0, timeout=30) as c:
         yield c
 
 
@@ -56,10 +58,16 @@ def messages(content: str = "Hello!") -> list[dict]:
 
 
 def test_chat_stream_and_non_stream_agree(client: openai.OpenAI) -> None:
-    kwargs = dict(model="tiny", messages=messages(), temperature=0, max_tokens=10,
-                  extra_body={"ignore_eos": True})
-    stream = client.chat.completions.create(stream=True,
-                                            stream_options={"include_usage": True}, **kwargs)
+    kwargs = dict(
+        model="tiny",
+        messages=messages(),
+        temperature=0,
+        max_tokens=10,
+        extra_body={"ignore_eos": True},
+    )
+    stream = client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length"
@@ -72,12 +80,16 @@ def test_chat_stream_and_non_stream_agree(client: openai.OpenAI) -> None:
 
 
 def test_completions_stream_and_non_stream(client: openai.OpenAI) -> None:
-    kwargs = dict(model="tiny", prompt="The capital of France is", temperature=0,
-                  max_tokens=6, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny",
+        prompt="The capital of France is",
+        temperature=0,
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+    )
     full = client.completions.create(**kwargs)
     assert full.object == "text_completion" and full.usage.completion_tokens == 6
-    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True,
-                                                                            **kwargs))
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs))
     assert streamed == full.choices[0].text
 
 
@@ -93,8 +105,11 @@ def test_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI) -> No
     unique_start = [{"role": "system", "content": LONG_TEXT}, {"role": "user", "content": "Hi"}]
     kwargs = dict(model="tiny", messages=unique_start, max_tokens=2)
     first = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(stream=True, stream_options={
-        "include_usage": True}, **kwargs))
+    chunks = list(
+        client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    )
     usage = chunks[-1].usage
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert usage.prompt_tokens == first.usage.prompt_tokens > 300
@@ -107,33 +122,46 @@ def test_bad_requests_are_openai_400s(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="tiny", messages=messages(), n=2)
     assert info.value.body["param"] == "n" and info.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=messages(), stream=True,
-                                       temperature=5)
+        client.chat.completions.create(
+            model="tiny", messages=messages(), stream=True, temperature=5
+        )
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=1)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("top_k", 2**63), ("seed", 2**64), ("chat_template_kwargs", {"tools": 1}),
-    ("stream", "yes"), ("logit_bias", {"7": 5}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("top_k", 2**63),
+        ("seed", 2**64),
+        ("chat_template_kwargs", {"tools": 1}),
+        ("stream", "yes"),
+        ("logit_bias", {"7": 5}),
+    ],
+)
 def test_poison_values_are_400s_and_the_engine_keeps_serving(served, field, value) -> None:
     """What used to overflow inside a step (or break the template with a 500) is a 400 naming
     the field; a stream that was already running finishes in full."""
     base, engine = served
-    body = {"model": "tiny", "messages": messages(), "max_tokens": 40, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "messages": messages(),
+        "max_tokens": 40,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.Client(base_url=base, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as running:
             lines = running.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
             for stream in (True, False):
-                bad = http.post("/v1/chat/completions",
-                                json={**body, "stream": stream, field: value})
+                bad = http.post(
+                    "/v1/chat/completions", json={**body, "stream": stream, field: value}
+                )
                 assert bad.status_code == 400, bad.text
                 assert bad.json()["error"]["param"] == field
-            rest = [orjson.loads(line[6:]) for line in lines
-                    if line.startswith("data: {")]
+            rest = [orjson.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert rest[-1]["choices"][0]["finish_reason"] == "length"
     assert engine.async_engine.is_running
 
@@ -172,7 +200,7 @@ def test_raw_sse_framing_and_errors(served) -> None:
             raw = stream.read()
     events = raw.split(b"\n\n")
     assert events[-1] == b"" and events[-2] == b"data: [DONE]"
-    payloads = [orjson.loads(e[len(b"data: "):]) for e in events[:-2]]
+    payloads = [orjson.loads(e[len(b"data: ") :]) for e in events[:-2]]
     assert all(e.startswith(b"data: ") for e in events[:-1])
     assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
@@ -180,8 +208,13 @@ def test_raw_sse_framing_and_errors(served) -> None:
 def test_client_disconnect_aborts_the_request(served) -> None:
     base, engine = served
     manager = engine.engine.block_manager
-    body = {"model": "tiny", "messages": messages(), "max_tokens": 800, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "messages": messages(),
+        "max_tokens": 800,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=base, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as stream:
             lines = stream.iter_lines()
@@ -196,10 +229,15 @@ def test_client_disconnect_aborts_the_request(served) -> None:
 
 
 def test_cli_arguments_and_startup_errors(capsys) -> None:
-    args = build_parser().parse_args(["--demo", "--max-num-batched-tokens", "64",
-                                      "--isolate-tenants"])
+    args = build_parser().parse_args(
+        ["--demo", "--max-num-batched-tokens", "64", "--isolate-tenants"]
+    )
     assert (args.host, args.port, args.max_num_batched_tokens, args.isolate_tenants) == (
-        "127.0.0.1", 8000, 64, True)
+        "127.0.0.1",
+        8000,
+        64,
+        True,
+    )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--demo", "--model", "x"])
     assert main(["--model", "/definitely/not/a/model/dir"]) == 2

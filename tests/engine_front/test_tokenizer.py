@@ -87,16 +87,23 @@ def test_prompt_context_keeps_the_leading_space_of_sentencepiece_tokens(tmp_path
 def test_chat_template_renders_like_transformers(tiny_model_dir: str, tok: Tokenizer) -> None:
     transformers = pytest.importorskip("transformers")
     reference = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Hi 你好"},
-                {"role": "assistant", "content": "Hello."},
-                {"role": "user", "content": "More <b>&</b>"}]
-    tools = [{"type": "function", "function": {"name": "f", "description": "<x> & é",
-                                               "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi 你好"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "More <b>&</b>"},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": "<x> & é", "parameters": {"type": "object"}},
+        }
+    ]
     for kwargs in ({}, {"tools": tools}):
         ours = tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
-        theirs = reference.apply_chat_template(messages, add_generation_prompt=True,
-                                               tokenize=False, **kwargs)
+        theirs = reference.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
         assert ours == theirs
     ids = tok.encode_chat(messages)
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
@@ -123,11 +130,17 @@ def _write_tokenizer_folder(path, tiny_model_dir: str, config: dict) -> None:
 
 def test_named_templates_jinja_file_and_added_token_dicts(tmp_path, tiny_model_dir) -> None:
     named = tmp_path / "named"
-    _write_tokenizer_folder(named, tiny_model_dir, {
-        "bos_token": {"content": "<|begin_of_text|>", "special": True},
-        "chat_template": [{"name": "tool_use", "template": "TOOLS"},
-                          {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"}],
-    })
+    _write_tokenizer_folder(
+        named,
+        tiny_model_dir,
+        {
+            "bos_token": {"content": "<|begin_of_text|>", "special": True},
+            "chat_template": [
+                {"name": "tool_use", "template": "TOOLS"},
+                {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"},
+            ],
+        },
+    )
     tok = Tokenizer(str(named))
     assert tok.bos_token == "<|begin_of_text|>"
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|begin_of_text|>x"
@@ -135,7 +148,8 @@ def test_named_templates_jinja_file_and_added_token_dicts(tmp_path, tiny_model_d
     jinja_file = tmp_path / "jinja"
     _write_tokenizer_folder(jinja_file, tiny_model_dir, {})
     (jinja_file / "chat_template.jinja").write_text(
-        "{% for m in messages %}[{{ m.role }}]{% endfor %}", encoding="utf-8")
+        "{% for m in messages %}[{{ m.role }}]{% endfor %}", encoding="utf-8"
+    )
     tok = Tokenizer(str(jinja_file))
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[user]"
 
@@ -147,7 +161,10 @@ def test_named_templates_jinja_file_and_added_token_dicts(tmp_path, tiny_model_d
 
 def test_template_cannot_reach_python_internals(tmp_path, tiny_model_dir) -> None:
     folder = tmp_path / "evil"
-    _write_tokenizer_folder(folder, tiny_model_dir, {
-        "chat_template": "{{ messages.__class__.__mro__[1].__subclasses__() }}"})
+    _write_tokenizer_folder(
+        folder,
+        tiny_model_dir,
+        {"chat_template": "{{ messages.__class__.__mro__[1].__subclasses__() }}"},
+    )
     with pytest.raises(ChatTemplateError):
         Tokenizer(str(folder)).apply_chat_template([{"role": "user", "content": "x"}])

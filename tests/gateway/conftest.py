@@ -16,8 +16,14 @@ def mock_upstream():
 
 
 def openai_route(server: ThreadedServer, **extra) -> dict:
-    return {"name": "mock", "models": ["mock-*", "gpt-*"], "kind": "openai",
-            "base_url": server.base_url, "api_key_env": "MOCK_KEY", **extra}
+    return {
+        "name": "mock",
+        "models": ["mock-*", "gpt-*"],
+        "kind": "openai",
+        "base_url": server.base_url,
+        "api_key_env": "MOCK_KEY",
+        **extra,
+    }
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import uvicorn
 
@@ -18,8 +18,15 @@ class GatewayThread:
     def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
         self.app = create_app(settings, environ or {})
         self.port = free_port()
-        config = server_config(self.app, settings, host="127.0.0.1", port=self.port,
-                               log_level="warning", lifespan="on", loop="asyncio")
+        config = server_config(
+            self.app,
+            settings,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            loop="asyncio",
+        )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -31,7 +38,7 @@ class GatewayThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "GatewayThread":
+    def __enter__(self) -> GatewayThread:
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

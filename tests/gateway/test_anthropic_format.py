@@ -332,8 +332,11 @@ def test_bad_tool_choice_raises():
 @pytest.mark.parametrize("function", ["f", ["f"], 3, {"name": 3}, {}])
 def test_tool_choice_function_of_wrong_shape_raises_with_param(function):
     with pytest.raises(TranslationError) as info:
-        translate([{"role": "user", "content": "x"}], tools=TOOLS,
-                  tool_choice={"type": "function", "function": function})
+        translate(
+            [{"role": "user", "content": "x"}],
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": function},
+        )
     assert info.value.param == "tool_choice.function.name"
 
 
@@ -739,14 +742,21 @@ def test_events_of_unexpected_shape_are_ignored_like_unknown_fields():
     translator.feed("message_delta", {"type": "message_delta", "delta": [1], "usage": "x"})
     translator.feed("content_block_delta", {"type": "content_block_delta", "delta": None})
     chunks = translator.feed(
-        "message_delta", {"delta": {"stop_reason": ["?"]}, "usage": {"output_tokens": -3}})
+        "message_delta", {"delta": {"stop_reason": ["?"]}, "usage": {"output_tokens": -3}}
+    )
     assert chunks[0]["choices"][0]["finish_reason"] == "stop"
     assert translator.usage["completion_tokens"] == 0
 
 
 def test_usage_fields_of_the_wrong_type_count_as_zero_one_by_one():
-    usage = openai_usage({"input_tokens": 4, "output_tokens": "abc",
-                          "cache_read_input_tokens": [1], "cache_creation_input_tokens": -2})
+    usage = openai_usage(
+        {
+            "input_tokens": 4,
+            "output_tokens": "abc",
+            "cache_read_input_tokens": [1],
+            "cache_creation_input_tokens": -2,
+        }
+    )
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (4, 0)
     assert openai_usage("junk")["total_tokens"] == 0
 

@@ -19,19 +19,25 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 def test_malformed_json_is_400(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    r = httpx.post(gw.url + "/v1/chat/completions", content=b"{not json",
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert "Traceback" not in r.text
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"messages": MESSAGES}, "model"),
-    ({"model": 3, "messages": MESSAGES}, "model"),
-    ({"model": "mock-1"}, "messages"),
-    ({"model": "mock-1", "messages": []}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": MESSAGES}, "model"),
+        ({"model": 3, "messages": MESSAGES}, "model"),
+        ({"model": "mock-1"}, "messages"),
+        ({"model": "mock-1", "messages": []}, "messages"),
+    ],
+)
 def test_missing_or_invalid_fields_are_400(mock_upstream, make_gateway, body, param):
     gw = make_gateway([openai_route(mock_upstream)])
     with pytest.raises(openai.BadRequestError) as err:
@@ -57,8 +63,9 @@ def test_unrouted_model_is_404(mock_upstream, make_gateway):
 def test_body_over_limit_is_413(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], max_body_bytes=2000)
     with pytest.raises(openai.APIStatusError) as err:
-        sdk(gw).chat.completions.create(model="mock-1",
-                                        messages=[{"role": "user", "content": "x" * 5000}])
+        sdk(gw).chat.completions.create(
+            model="mock-1", messages=[{"role": "user", "content": "x" * 5000}]
+        )
     assert err.value.status_code == 413
     assert mock_upstream.mock.requests == []
 
@@ -74,9 +81,18 @@ def test_upstream_5xx_after_retries_is_502(mock_upstream, make_gateway):
 
 def test_upstream_503_is_503_and_unreachable_is_503(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.fail_statuses = [503]
-    gw = make_gateway([openai_route(mock_upstream), {
-        "name": "down", "models": ["down-*"], "kind": "openai",
-        "base_url": f"http://127.0.0.1:{free_port()}/v1"}], retry_attempts=1)
+    gw = make_gateway(
+        [
+            openai_route(mock_upstream),
+            {
+                "name": "down",
+                "models": ["down-*"],
+                "kind": "openai",
+                "base_url": f"http://127.0.0.1:{free_port()}/v1",
+            },
+        ],
+        retry_attempts=1,
+    )
     with pytest.raises(openai.InternalServerError) as err:
         sdk(gw).chat.completions.create(model="mock-1", messages=MESSAGES)
     assert err.value.status_code == 503
@@ -96,8 +112,8 @@ def test_upstream_4xx_passes_through_with_body(mock_upstream, make_gateway):
 
 def test_no_route_configured_is_503_with_help(make_gateway, monkeypatch):
     monkeypatch.setattr("gateway.service.engine_installed", lambda: False)
-    from tests.gateway.servers import GatewayThread
     from gateway.settings import Settings
+    from tests.gateway.servers import GatewayThread
 
     with GatewayThread(Settings(), {}) as gw:
         with pytest.raises(openai.InternalServerError) as err:

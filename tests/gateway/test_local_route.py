@@ -12,9 +12,15 @@ from engine_backend.demo import RandomModelSpec, write_random_model
 from gateway.settings import Settings
 from tests.gateway.servers import GatewayThread
 
-TINY = RandomModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
-                       tokenizer_vocab_size=300)
+TINY = RandomModelSpec(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=2048,
+    tokenizer_vocab_size=300,
+)
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
 
 
@@ -34,9 +40,16 @@ def sdk(gw, key: str = "k") -> openai.OpenAI:
 
 
 def stream_usage(client: openai.OpenAI, content: str):
-    chunks = list(client.chat.completions.create(
-        model="tiny", stream=True, max_tokens=4, temperature=0, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": content}]))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            stream=True,
+            max_tokens=4,
+            temperature=0,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": content}],
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return text, chunks[-1].usage
 
@@ -50,8 +63,9 @@ def test_local_route_streams_and_reports_prefix_cache_hits(tiny_model, make_gate
     assert cold_text == warm_text and cold.completion_tokens >= 1
     assert cold.prompt_tokens_details.cached_tokens == 0
     assert warm.prompt_tokens_details.cached_tokens >= 64
-    resp = c.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
-                                     messages=[{"role": "user", "content": LONG}])
+    resp = c.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0, messages=[{"role": "user", "content": LONG}]
+    )
     assert resp.choices[0].message.content == cold_text
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="tiny", n=2, messages=[{"role": "user", "content": "x"}])
@@ -66,8 +80,9 @@ def test_local_route_streams_and_reports_prefix_cache_hits(tiny_model, make_gate
 
 
 def test_tenant_isolation_reaches_the_engine(tiny_model, make_gateway):
-    gw = make_gateway([local_route(tiny_model)], tenant_keys="a:key-a,b:key-b",
-                      engine_isolate_tenants=True)
+    gw = make_gateway(
+        [local_route(tiny_model)], tenant_keys="a:key-a,b:key-b", engine_isolate_tenants=True
+    )
     gw.wait_ready()
     stream_usage(sdk(gw, "key-a"), LONG)
     assert stream_usage(sdk(gw, "key-b"), LONG)[1].prompt_tokens_details.cached_tokens == 0
@@ -81,7 +96,7 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
         models = sdk(gw).models.list().data
         assert [m.id for m in models] == ["firsttoken-demo-random"]
         assert "random" in models[0].model_extra["description"].lower()
-        _, first = stream_usage(sdk(gw), LONG)
+        _, _first = stream_usage(sdk(gw), LONG)
         _, second = stream_usage(sdk(gw), LONG)
         assert second.prompt_tokens_details.cached_tokens > 0
 
@@ -90,8 +105,13 @@ def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway)
     gw = make_gateway([local_route(tiny_model)])
     gw.wait_ready()
     engine = gw.gateway.upstreams["engine"].engine.engine
-    body = {"model": "tiny", "stream": True, "max_tokens": 1500, "ignore_eos": True,
-            "messages": [{"role": "user", "content": LONG}]}
+    body = {
+        "model": "tiny",
+        "stream": True,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": LONG}],
+    }
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():
             if '"content"' in line and '"content":""' not in line:

@@ -19,13 +19,20 @@ KEYS = "acme:key-a,globex:key-b"
 
 def stream_once(gw, key: str, model: str = "mock-1") -> None:
     c = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
-    list(c.chat.completions.create(model=model, stream=True,
-                                   messages=[{"role": "user", "content": "hi"}]))
+    list(
+        c.chat.completions.create(
+            model=model, stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
+    )
 
 
 def ttft_report(gw, key: str, **params) -> httpx.Response:
-    return httpx.get(gw.url + "/v1/metrics/ttft", params=params,
-                     headers={"authorization": f"Bearer {key}"}, timeout=10)
+    return httpx.get(
+        gw.url + "/v1/metrics/ttft",
+        params=params,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=10,
+    )
 
 
 def wait_for_count(gw, key: str, count: int, **params) -> dict:
@@ -33,7 +40,7 @@ def wait_for_count(gw, key: str, count: int, **params) -> dict:
     while True:
         body = ttft_report(gw, key, **params).json()
         routes = body.get("routes", [])
-        if routes and sum(r["count"] for r in routes) >= count or time.monotonic() > deadline:
+        if (routes and sum(r["count"] for r in routes) >= count) or time.monotonic() > deadline:
             return body
         time.sleep(0.05)
 
@@ -74,7 +81,7 @@ def test_prometheus_exposition_is_admin_only_when_keyed(mock_upstream, make_gate
     stream_once(gw, "key-a")
     assert httpx.get(gw.url + "/metrics").status_code == 401
     text = httpx.get(gw.url + "/metrics", headers={"authorization": "Bearer root-key"}).text
-    assert 'firsttoken_ttft_seconds_bucket{' in text and 'tenant="acme"' in text
+    assert "firsttoken_ttft_seconds_bucket{" in text and 'tenant="acme"' in text
     assert "firsttoken_telemetry_dropped_total" in text
 
 

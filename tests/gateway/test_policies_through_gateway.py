@@ -11,9 +11,15 @@ SYSTEM = "You are a careful assistant.   \n\n\n\n\nAnswer briefly.\u200b"
 
 
 def chat(gw, system: str = SYSTEM, headers: dict | None = None, user: str = "hi") -> httpx.Response:
-    return httpx.post(gw.url + "/v1/chat/completions", timeout=20, headers=headers or {}, json={
-        "model": "mock-1", "messages": [{"role": "system", "content": system},
-                                        {"role": "user", "content": user}]})
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        timeout=20,
+        headers=headers or {},
+        json={
+            "model": "mock-1",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        },
+    )
 
 
 def test_default_chain_slims_and_sets_a_cache_key(mock_upstream, make_gateway):
@@ -49,8 +55,10 @@ def test_unknown_policy_in_header_is_400(mock_upstream, make_gateway):
 
 
 def test_route_override_and_env_options(mock_upstream, make_gateway):
-    gw = make_gateway([openai_route(mock_upstream, policies=["slim"])],
-                      environ={"FIRSTTOKEN_SLIM_MINIFY_JSON": "true"})
+    gw = make_gateway(
+        [openai_route(mock_upstream, policies=["slim"])],
+        environ={"FIRSTTOKEN_SLIM_MINIFY_JSON": "true"},
+    )
     r = chat(gw, user='```json\n{ "a": 1,   "b": [1, 2] }\n```')
     assert r.headers["x-firsttoken-policies"] == "slim"
     sent = mock_upstream.mock.requests[-1]["body"]
@@ -59,13 +67,16 @@ def test_route_override_and_env_options(mock_upstream, make_gateway):
 
 
 def test_bad_policy_option_fails_start_naming_the_variable(mock_upstream):
-    from gateway.settings import Settings, SettingsError
-    from gateway.app import create_app
     import orjson
 
+    from gateway.app import create_app
+    from gateway.settings import Settings, SettingsError
+
     with pytest.raises(SettingsError, match="FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS"):
-        create_app(Settings(routes=orjson.dumps([openai_route(mock_upstream)]).decode()),
-                   {"FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS": "lots"})
+        create_app(
+            Settings(routes=orjson.dumps([openai_route(mock_upstream)]).decode()),
+            {"FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS": "lots"},
+        )
 
 
 def test_prefix_break_is_named_and_stable_prefix_counted(mock_upstream, make_gateway):
@@ -82,5 +93,6 @@ def test_prefix_break_is_named_and_stable_prefix_counted(mock_upstream, make_gat
     where = int(broken.headers["x-firsttoken-prefix-break"].split("@char ")[1])
     assert where <= 1000
     metrics = httpx.get(gw.url + "/metrics").text
-    assert 'firsttoken_prefix_breaks_total{kind="system"' in metrics or \
-        ('firsttoken_prefix_breaks_total' in metrics and 'kind="system"' in metrics)
+    assert 'firsttoken_prefix_breaks_total{kind="system"' in metrics or (
+        "firsttoken_prefix_breaks_total" in metrics and 'kind="system"' in metrics
+    )

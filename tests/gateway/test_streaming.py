@@ -27,8 +27,9 @@ def test_client_gets_event_one_before_upstream_sends_event_two(mock_upstream, ma
     hold = asyncio.Event()
     mock_upstream.mock.behaviour.hold_after_first = hold
     gw = make_gateway([openai_route(mock_upstream)])
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=BODY,
-                      timeout=httpx.Timeout(5.0)) as r:
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=BODY, timeout=httpx.Timeout(5.0)
+    ) as r:
         lines = r.iter_lines()
         for line in lines:
             if "tok0" in line:
@@ -54,8 +55,13 @@ def test_client_disconnect_closes_upstream_within_a_second(mock_upstream, make_g
 
 
 def anthropic_route(server) -> dict:
-    return {"name": "claude", "models": ["claude-*"], "kind": "anthropic",
-            "base_url": server.base_url, "api_key_env": "MOCK_KEY"}
+    return {
+        "name": "claude",
+        "models": ["claude-*"],
+        "kind": "anthropic",
+        "base_url": server.base_url,
+        "api_key_env": "MOCK_KEY",
+    }
 
 
 def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
@@ -69,8 +75,11 @@ def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
     assert sent["path"] == "/v1/messages" and sent["headers"]["x-api-key"] == "sk-upstream-secret"
     assert sent["body"]["system"][0]["text"] == "be brief"
 
-    chunks = list(c.chat.completions.create(model="claude-x", messages=messages, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model="claude-x", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == "Hello from Claude"
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 100
@@ -79,11 +88,22 @@ def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
 def test_anthropic_tool_use_stream(mock_upstream, make_gateway):
     gw = make_gateway([anthropic_route(mock_upstream)])
     c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     args, names, finish = "", [], None
-    for ch in c.chat.completions.create(model="claude-x", tools=tools, stream=True,
-                                        messages=[{"role": "user", "content": "weather?"}]):
+    for ch in c.chat.completions.create(
+        model="claude-x",
+        tools=tools,
+        stream=True,
+        messages=[{"role": "user", "content": "weather?"}],
+    ):
         if not ch.choices:
             continue
         for call in ch.choices[0].delta.tool_calls or []:

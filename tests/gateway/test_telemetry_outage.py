@@ -29,8 +29,11 @@ def private_redis():
 
 def timed_stream(client: openai.OpenAI) -> float:
     start = time.perf_counter()
-    chunks = list(client.chat.completions.create(
-        model="mock-1", stream=True, messages=[{"role": "user", "content": "hi"}]))
+    chunks = list(
+        client.chat.completions.create(
+            model="mock-1", stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith("tok0")
     return time.perf_counter() - start
 
@@ -52,8 +55,12 @@ def dropped(gw) -> float:
 def test_redis_outage_slows_nothing_and_buffer_drains(mock_upstream, make_gateway, private_redis):
     mock_upstream.mock.behaviour.first_delay_s = 0.02
     # No policies: prefix fingerprints would share the buffer and blur the exact count.
-    gw = make_gateway([openai_route(mock_upstream)], telemetry_buffer=BUFFER, policies="none",
-                      redis_url=f"redis://127.0.0.1:{private_redis.port}/0")
+    gw = make_gateway(
+        [openai_route(mock_upstream)],
+        telemetry_buffer=BUFFER,
+        policies="none",
+        redis_url=f"redis://127.0.0.1:{private_redis.port}/0",
+    )
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
     healthy = [timed_stream(client) for _ in range(4)]
     deadline = time.monotonic() + 5

@@ -102,17 +102,17 @@ def sort_passage_runs(text: str) -> str:
         ordered = sorted(run, key=lambda m: (m.group(2), m.group(0)))
         for index, original in enumerate(run):
             if index:
-                pieces.append(text[run[index - 1].end():original.start()])
+                pieces.append(text[run[index - 1].end() : original.start()])
             pieces.append(ordered[index].group(0))
         cursor = run[-1].end()
         run.clear()
 
     for match in matches:
-        if run and text[run[-1].end():match.start()].strip() == "":
+        if run and text[run[-1].end() : match.start()].strip() == "":
             run.append(match)
             continue
         flush()
-        pieces.append(text[cursor:match.start()])
+        pieces.append(text[cursor : match.start()])
         run.append(match)
     flush()
     pieces.append(text[cursor:])

@@ -44,21 +44,33 @@ def test_anthropic_breakpoints_at_tools_system_previous_and_last():
         ("messages[3]", {"type": "ephemeral"}),
     ]
     assert result.body["messages"][3]["content"][0]["text"].startswith("second question")
-    assert result.notes["cache_hints"]["breakpoints"] == ["tools", "messages[0]", "messages[1]", "messages[3]"]
+    assert result.notes["cache_hints"]["breakpoints"] == [
+        "tools",
+        "messages[0]",
+        "messages[1]",
+        "messages[3]",
+    ]
     assert run(result.body, ANTHROPIC).body == result.body  # idempotent
 
 
 def test_anthropic_respects_model_minimum_and_client_markers():
-    short = chat({"role": "system", "content": "short"}, {"role": "user", "content": "hi"}, tools=[tool("a")])
+    short = chat(
+        {"role": "system", "content": "short"}, {"role": "user", "content": "hi"}, tools=[tool("a")]
+    )
     assert markers(run(short, ANTHROPIC).body) == []
     haiku = PolicyContext("chat", "anthropic", "claude-haiku-4-5", "acme")
-    mid = chat({"role": "system", "content": "lorem ipsum dolor sit amet " * 600}, {"role": "user", "content": "q"})
+    mid = chat(
+        {"role": "system", "content": "lorem ipsum dolor sit amet " * 600},
+        {"role": "user", "content": "q"},
+    )
     assert count_request_tokens(mid) < anthropic_min_tokens("claude-haiku-4-5")
     assert markers(run(mid, haiku).body) == []
     assert markers(run(mid, ANTHROPIC).body) != []
     client = conversation()
-    client["messages"][1] = {"role": "user", "content": [
-        {"type": "text", "text": "mine", "cache_control": {"type": "ephemeral"}}]}
+    client["messages"][1] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "mine", "cache_control": {"type": "ephemeral"}}],
+    }
     result = run(client, ANTHROPIC)
     assert markers(result.body) == [("messages[1]", {"type": "ephemeral"})]
     assert result.notes["cache_hints"] == {"client_breakpoints": True}
@@ -67,7 +79,9 @@ def test_anthropic_respects_model_minimum_and_client_markers():
 def test_anthropic_breakpoint_skips_the_volatile_note():
     body = conversation()
     body["messages"][0]["content"] = LONG + " at 2026-01-01T00:00:00Z"
-    result = run(body, ANTHROPIC, names=("canonicalize", "cache_hints"), CANONICALIZE_VOLATILE="true")
+    result = run(
+        body, ANTHROPIC, names=("canonicalize", "cache_hints"), CANONICALIZE_VOLATILE="true"
+    )
     assert result.body["messages"][-1]["content"].startswith(NOTE_MARKER)
     assert markers(result.body)[-1][0] == "messages[3]"
 
@@ -77,7 +91,10 @@ def test_openai_prompt_cache_key_stable_per_family_and_tenant():
     key = first.body["prompt_cache_key"]
     assert key == first.cache_key and key.startswith("ft-")
     later = conversation()
-    later["messages"] += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    later["messages"] += [
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "more"},
+    ]
     later["user"] = "someone-else"
     reordered = conversation()
     reordered["tools"].reverse()
@@ -120,5 +137,7 @@ def test_anthropic_no_breakpoint_after_a_clock_in_the_system_prompt():
     body = conversation()
     body["messages"][0]["content"] = "Now 2026-01-01T00:00:07Z. " + LONG
     assert [where for where, _ in markers(run(body, ANTHROPIC).body)] == ["tools[1]"]
-    moved = run(body, ANTHROPIC, names=("canonicalize", "cache_hints"), CANONICALIZE_VOLATILE="true")
+    moved = run(
+        body, ANTHROPIC, names=("canonicalize", "cache_hints"), CANONICALIZE_VOLATILE="true"
+    )
     assert len(markers(moved.body)) == 4

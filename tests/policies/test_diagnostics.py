@@ -7,20 +7,32 @@ SYSTEM = "".join(f"Rule {index}: answer politely and cite sources. " for index i
 
 
 def fingerprints(body, ctx=OPENAI, **options):
-    chain = build_chain(("slim", "canonicalize", "cache_hints"), {k: str(v) for k, v in options.items()})
+    chain = build_chain(
+        ("slim", "canonicalize", "cache_hints"), {k: str(v) for k, v in options.items()}
+    )
     return chain.apply(body, ctx).fingerprints
 
 
 def request(system=SYSTEM, tools=None, extra=(), **params):
-    return chat({"role": "system", "content": system}, {"role": "user", "content": "question one"},
-                *extra, tools=tools if tools is not None else [tool("a"), tool("b"), tool("c"), tool("d")],
-                **params)
+    return chat(
+        {"role": "system", "content": system},
+        {"role": "user", "content": "question one"},
+        *extra,
+        tools=tools if tools is not None else [tool("a"), tool("b"), tool("c"), tool("d")],
+        **params,
+    )
 
 
 def test_new_turn_is_not_a_break_and_reports_stable_tokens():
     first = fingerprints(request())
-    second = fingerprints(request(extra=[{"role": "assistant", "content": "answer"},
-                                         {"role": "user", "content": "question two"}]))
+    second = fingerprints(
+        request(
+            extra=[
+                {"role": "assistant", "content": "answer"},
+                {"role": "user", "content": "question two"},
+            ]
+        )
+    )
     assert find_prefix_break(first, second) is None
     assert stable_prefix_tokens(first, second) == first.total_tokens > 0
 
@@ -28,7 +40,7 @@ def test_new_turn_is_not_a_break_and_reports_stable_tokens():
 def test_break_in_system_prompt_names_the_character_range():
     first = fingerprints(request())
     position = SYSTEM.index("Rule 20")
-    changed = SYSTEM[:position] + "Rule XX" + SYSTEM[position + 7:]
+    changed = SYSTEM[:position] + "Rule XX" + SYSTEM[position + 7 :]
     found = find_prefix_break(first, fingerprints(request(system=changed)))
     assert found.kind == "system"
     start = int(found.location.split("@char ")[1])
@@ -42,7 +54,7 @@ def test_break_in_a_long_block_uses_coarser_chunks():
     long_system = SYSTEM * 20  # > 16 chunks of 256 characters
     first = fingerprints(request(system=long_system))
     position = len(long_system) - 100
-    changed = long_system[:position] + "!" + long_system[position + 1:]
+    changed = long_system[:position] + "!" + long_system[position + 1 :]
     found = find_prefix_break(first, fingerprints(request(system=changed)))
     start = int(found.location.split("@char ")[1])
     assert start <= position and position - start < len(long_system) // 8
@@ -51,12 +63,20 @@ def test_break_in_a_long_block_uses_coarser_chunks():
 @pytest.mark.parametrize(
     ("change", "location", "kind"),
     [
-        (lambda r: r["tools"].__setitem__(3, tool("d", {"x": {"type": "integer"}})), "tools[3]", "tools"),
+        (
+            lambda r: r["tools"].__setitem__(3, tool("d", {"x": {"type": "integer"}})),
+            "tools[3]",
+            "tools",
+        ),
         (lambda r: r["tools"].reverse(), "tools(order)", "tools"),
         (lambda r: r["tools"].append(tool("e")), "tools[4]", "tools"),
         (lambda r: r["tools"].pop(), "tools[3]", "tools"),
         (lambda r: r.__setitem__("tool_choice", "required"), "tool_choice", "params"),
-        (lambda r: r["messages"][1].__setitem__("content", "question 1"), "messages[1]@char 0", "messages"),
+        (
+            lambda r: r["messages"][1].__setitem__("content", "question 1"),
+            "messages[1]@char 0",
+            "messages",
+        ),
         (lambda r: r["messages"][1].__setitem__("name", "bob"), "messages[1]", "messages"),
         (lambda r: r["messages"].pop(), "messages[1]", "messages"),
     ],
@@ -71,8 +91,10 @@ def test_break_locations(change, location, kind):
 
 def test_moving_cache_markers_and_volatile_note_are_not_breaks():
     clock_a = request(system=SYSTEM + " Now 2026-05-01T10:00:00Z")
-    clock_b = request(system=SYSTEM + " Now 2026-05-01T10:05:00Z",
-                      extra=[{"role": "assistant", "content": "answer"}, {"role": "user", "content": "two"}])
+    clock_b = request(
+        system=SYSTEM + " Now 2026-05-01T10:05:00Z",
+        extra=[{"role": "assistant", "content": "answer"}, {"role": "user", "content": "two"}],
+    )
     first = fingerprints(clock_a, ANTHROPIC, CANONICALIZE_VOLATILE="true")
     second = fingerprints(clock_b, ANTHROPIC, CANONICALIZE_VOLATILE="true")
     assert find_prefix_break(first, second) is None

@@ -20,7 +20,9 @@ from policies import cache_hints, fences, passages, prose, slim, textscan, token
 
 # POLICY_PROPERTY_EXAMPLES=5000 searches harder; the default keeps the suite fast.
 EXAMPLES = max(int(os.environ.get("POLICY_PROPERTY_EXAMPLES", "400")), 400)
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 SIZES = st.sampled_from([4, 5, 7, 16])
 
 
@@ -42,24 +44,154 @@ def built_from(fragments: list[str], max_size: int = 40) -> st.SearchStrategy[st
     return st.lists(st.sampled_from(fragments), max_size=max_size).map("".join)
 
 
-PROSE = built_from([" ", "\t", "\n", "\r", "\u200b", "a", "`", " " * 11, "\t \t", "\n" * 9,
-                    "\r\n" * 6, "\r" * 5, "\u200b" * 9, " \n" * 4, " \r\n", "\r\r\n", "\n\u200b\n"])
-FENCED = built_from(["```", "~~~", "````", "``", "`", " ", "   ", "\t", "\n", "\r", "\r\n",
-                     "\x0b", "\x0c", "\x85", "\u2028", "\u200b", "json", "py", "a", "\n" * 6,
-                     "\n\u200b```", "\n \u200b ~~~\n", "\n    ```\n", "\n   ````  \n", "\n\t```\n"])
-VOLATILE = built_from(["1", "12", "2024", "-", ":", ".", "+", " ", ",", "T", "Z", "a", "f", "g",
-                       "deadbeef", "Jan", "Sept", "May", "\n", "_", "\u0663", "2024-01-05",
-                       "10:00:01", "-05:00", "3f2a8c1e-77b4-4c1d-9a0e-5b6c7d8e9f00", "x1 ",
-                       "Jan 5, 2024", "cafe12345678", "-12 1", ", 2", "2024-01-05 10:00:00",
-                       "1999-12-31 23:59", "Sept. 12, 2023", "Mar 3, 2020", "aaaa", "1111",
-                       "10:00:00.5-05:00", "23:59:59.123+0100", "T10:00", "Z1", "T", "Z", "1.",
-                       ".1", "a.", "+1", "-1", "1:", ":1"],
-                      max_size=30)
-PASSAGES = built_from(["<passage", "<passage>", "<passagex", " id=\"1\"", ">", "</passage>",
-                       "</passage", "alpha", "beta", " ", "\n", "(same as above)"], max_size=25)
-TOKENS = built_from(["a", "b", "Z", " ", "  ", "\n", "\n\n", " \n", "\t", "1", "23", "456", "'s",
-                     "'ll", "!", "?!", "\u4e2d", "\u00e9", "\r\n", "x y", "\u00a0", "_"],
-                    max_size=40)
+PROSE = built_from(
+    [
+        " ",
+        "\t",
+        "\n",
+        "\r",
+        "\u200b",
+        "a",
+        "`",
+        " " * 11,
+        "\t \t",
+        "\n" * 9,
+        "\r\n" * 6,
+        "\r" * 5,
+        "\u200b" * 9,
+        " \n" * 4,
+        " \r\n",
+        "\r\r\n",
+        "\n\u200b\n",
+    ]
+)
+FENCED = built_from(
+    [
+        "```",
+        "~~~",
+        "````",
+        "``",
+        "`",
+        " ",
+        "   ",
+        "\t",
+        "\n",
+        "\r",
+        "\r\n",
+        "\x0b",
+        "\x0c",
+        "\x85",
+        "\u2028",
+        "\u200b",
+        "json",
+        "py",
+        "a",
+        "\n" * 6,
+        "\n\u200b```",
+        "\n \u200b ~~~\n",
+        "\n    ```\n",
+        "\n   ````  \n",
+        "\n\t```\n",
+    ]
+)
+VOLATILE = built_from(
+    [
+        "1",
+        "12",
+        "2024",
+        "-",
+        ":",
+        ".",
+        "+",
+        " ",
+        ",",
+        "T",
+        "Z",
+        "a",
+        "f",
+        "g",
+        "deadbeef",
+        "Jan",
+        "Sept",
+        "May",
+        "\n",
+        "_",
+        "\u0663",
+        "2024-01-05",
+        "10:00:01",
+        "-05:00",
+        "3f2a8c1e-77b4-4c1d-9a0e-5b6c7d8e9f00",
+        "x1 ",
+        "Jan 5, 2024",
+        "cafe12345678",
+        "-12 1",
+        ", 2",
+        "2024-01-05 10:00:00",
+        "1999-12-31 23:59",
+        "Sept. 12, 2023",
+        "Mar 3, 2020",
+        "aaaa",
+        "1111",
+        "10:00:00.5-05:00",
+        "23:59:59.123+0100",
+        "T10:00",
+        "Z1",
+        "T",
+        "Z",
+        "1.",
+        ".1",
+        "a.",
+        "+1",
+        "-1",
+        "1:",
+        ":1",
+    ],
+    max_size=30,
+)
+PASSAGES = built_from(
+    [
+        "<passage",
+        "<passage>",
+        "<passagex",
+        ' id="1"',
+        ">",
+        "</passage>",
+        "</passage",
+        "alpha",
+        "beta",
+        " ",
+        "\n",
+        "(same as above)",
+    ],
+    max_size=25,
+)
+TOKENS = built_from(
+    [
+        "a",
+        "b",
+        "Z",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        " \n",
+        "\t",
+        "1",
+        "23",
+        "456",
+        "'s",
+        "'ll",
+        "!",
+        "?!",
+        "\u4e2d",
+        "\u00e9",
+        "\r\n",
+        "x y",
+        "\u00a0",
+        "_",
+    ],
+    max_size=40,
+)
 
 
 @SETTINGS
@@ -113,18 +245,27 @@ def test_passages_are_found_sorted_and_deduplicated_as_before(texts):
 
 
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-              st.text(alphabet='a "\\\t\n\u00e9{}[],:', max_size=6)),
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.text(alphabet='ab "\\', max_size=3), inner,
-                                            max_size=4)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(alphabet='a "\\\t\n\u00e9{}[],:', max_size=6),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.text(alphabet='ab "\\', max_size=3), inner, max_size=4),
+    ),
     max_leaves=12,
 )
 
 
 @SETTINGS
-@given(value=json_values, indent=st.sampled_from([None, 0, 2, "\t", " \n "]),
-       noise=st.text(alphabet='"\\ \t\n\ra{', max_size=20))
+@given(
+    value=json_values,
+    indent=st.sampled_from([None, 0, 2, "\t", " \n "]),
+    noise=st.text(alphabet='"\\ \t\n\ra{', max_size=20),
+)
 def test_json_whitespace_rule_matches_the_old_regex(value, indent, noise):
     document = json.dumps(value, indent=indent, ensure_ascii=False)
     for text in (document, noise):

@@ -27,11 +27,15 @@ def test_policy_list_rejects(value):
 
 
 def test_options_parse_and_validate():
-    options = parse_options({
-        "SLIM_MINIFY_JSON": "true", "SLIM_MAX_PROMPT_TOKENS": "8000",
-        "CANONICALIZE_SORT_TOOLS": "0", "CACHE_HINTS_HEAD_TTL": "1h",
-        "LOG_LEVEL": "debug",  # not a policy option: ignored
-    })
+    options = parse_options(
+        {
+            "SLIM_MINIFY_JSON": "true",
+            "SLIM_MAX_PROMPT_TOKENS": "8000",
+            "CANONICALIZE_SORT_TOOLS": "0",
+            "CACHE_HINTS_HEAD_TTL": "1h",
+            "LOG_LEVEL": "debug",  # not a policy option: ignored
+        }
+    )
     assert options.slim.minify_json is True
     assert options.slim.max_prompt_tokens == 8000
     assert options.canonicalize.sort_tools is False
@@ -42,11 +46,26 @@ def test_options_parse_and_validate():
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("SLIM_MAX_PROMPT_TOKENS", "abc",
-         "FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS: expected a positive integer, got 'abc'"),
-        ("SLIM_MAX_PROMPT_TOKENS", "-5", "FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS: expected a positive integer"),
-        ("SLIM_MINIFY_JSON", "maybe", "FIRSTTOKEN_SLIM_MINIFY_JSON: expected true or false, got 'maybe'"),
-        ("CANONICALIZE_SORT_TOOL", "true", "FIRSTTOKEN_CANONICALIZE_SORT_TOOL: unknown policy option"),
+        (
+            "SLIM_MAX_PROMPT_TOKENS",
+            "abc",
+            "FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS: expected a positive integer, got 'abc'",
+        ),
+        (
+            "SLIM_MAX_PROMPT_TOKENS",
+            "-5",
+            "FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS: expected a positive integer",
+        ),
+        (
+            "SLIM_MINIFY_JSON",
+            "maybe",
+            "FIRSTTOKEN_SLIM_MINIFY_JSON: expected true or false, got 'maybe'",
+        ),
+        (
+            "CANONICALIZE_SORT_TOOL",
+            "true",
+            "FIRSTTOKEN_CANONICALIZE_SORT_TOOL: unknown policy option",
+        ),
         ("CACHE_HINTS_HEAD_TTL", "2h", "FIRSTTOKEN_CACHE_HINTS_HEAD_TTL: expected one of 5m, 1h"),
     ],
 )

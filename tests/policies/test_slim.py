@@ -1,4 +1,5 @@
 import copy
+import itertools
 import json
 
 from policy_helpers import OPENAI, chat, tool
@@ -9,7 +10,9 @@ from policies.slim import minify_json_text, slim_text
 
 
 def run(body, **options):
-    return build_chain(("slim",), {key: str(value) for key, value in options.items()}).apply(body, OPENAI)
+    return build_chain(("slim",), {key: str(value) for key, value in options.items()}).apply(
+        body, OPENAI
+    )
 
 
 def test_trailing_whitespace_blank_runs_and_invisibles():
@@ -32,14 +35,18 @@ def test_code_blocks_with_trailing_spaces_are_untouched():
 
 
 def test_indentation_and_joiners_and_non_ascii_are_kept():
-    text = "    indented line\n\tTabbed\nfamily: \U0001F468\u200d\U0001F469\u200d\U0001F467 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u00e9t\u00e9  "
+    text = "    indented line\n\tTabbed\nfamily: \U0001f468\u200d\U0001f469\u200d\U0001f467 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u00e9t\u00e9  "
     result = slim_text(text)
     assert result == text.rstrip(" ")
     assert "\u200d" in result and "\u200c" in result
 
 
 def test_messages_dropped_and_collapsed_but_tool_calls_kept():
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":  1}  '}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"a":  1}  '},
+    }
     body = chat(
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "  "},
@@ -48,7 +55,13 @@ def test_messages_dropped_and_collapsed_but_tool_calls_kept():
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": ""},
         {"role": "assistant", "content": ""},
-        {"role": "user", "content": [{"type": "text", "text": ""}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": ""},
+                {"type": "image_url", "image_url": {"url": "x"}},
+            ],
+        },
     )
     original = copy.deepcopy(body)
     result = run(body)
@@ -61,20 +74,35 @@ def test_messages_dropped_and_collapsed_but_tool_calls_kept():
 
 
 def test_minify_json_is_opt_in_and_exact():
-    pretty = json.dumps({"b": 1.10, "a": [1, 2, {"name": "caf\\u00e9 \"q\""}], "big": 123456789012345678901234567890}, indent=2)
+    pretty = json.dumps(
+        {"b": 1.10, "a": [1, 2, {"name": 'caf\\u00e9 "q"'}], "big": 123456789012345678901234567890},
+        indent=2,
+    )
     pretty = pretty.replace("1.1", "1.10")
     body = chat(
         {"role": "user", "content": "see"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{ }"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{ }"}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c", "content": pretty},
-        {"role": "user", "content": "Block:\n```json\n{\n  \"x\": [1, 2]\n}\n```\nand ```json\n{ not json }\n```\n"},
+        {
+            "role": "user",
+            "content": 'Block:\n```json\n{\n  "x": [1, 2]\n}\n```\nand ```json\n{ not json }\n```\n',
+        },
     )
     assert run(body).body["messages"][2]["content"] == pretty
     result = run(body, SLIM_MINIFY_JSON="true")
     minified = result.body["messages"][2]["content"]
     assert json.loads(minified) == json.loads(pretty)
-    assert "1.10" in minified and "123456789012345678901234567890" in minified and "\\u00e9" in minified
+    assert (
+        "1.10" in minified
+        and "123456789012345678901234567890" in minified
+        and "\\u00e9" in minified
+    )
     assert " " not in minified.replace('caf\\\\u00e9 \\"q\\"', "")
     user_text = result.body["messages"][3]["content"]
     assert '```json\n{"x":[1,2]}\n```' in user_text
@@ -101,9 +129,22 @@ def _agent_history(rounds):
     for turn in range(rounds):
         messages.append({"role": "user", "content": f"question {turn} " + "word " * 199 + "word"})
         call_id = f"call_{turn}"
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "search", "arguments": "{}"}}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": "result " * 149 + "result"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "search", "arguments": "{}"},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call_id, "content": "result " * 149 + "result"}
+        )
         messages.append({"role": "assistant", "content": f"answer {turn} " + "text " * 99 + "text"})
     return messages
 
@@ -137,9 +178,24 @@ def test_trim_to_budget_keeps_system_newest_and_pairs():
 def test_trim_at_the_budget_edge_drops_tool_rounds_whole():
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "do the task"}]
     for index in range(6):
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"a{index}", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-            {"id": f"b{index}", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"a{index}",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "{}"},
+                    },
+                    {
+                        "id": f"b{index}",
+                        "type": "function",
+                        "function": {"name": "g", "arguments": "{}"},
+                    },
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"a{index}", "content": "x " * 99 + "x"})
         messages.append({"role": "tool", "tool_call_id": f"b{index}", "content": "y " * 99 + "y"})
     body = chat(*messages)
@@ -160,7 +216,7 @@ def test_trim_cut_is_stable_while_the_conversation_grows():
     for end in range(40, len(history) + 1, 4):
         result = run(chat(*history[:end]), SLIM_MAX_PROMPT_TOKENS=budget)
         cuts.append(result.body["messages"][1]["content"])
-    changes = sum(1 for a, b in zip(cuts, cuts[1:]) if a != b)
+    changes = sum(1 for a, b in itertools.pairwise(cuts) if a != b)
     assert changes < len(cuts) - 1  # the first kept turn does not move on every turn
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import httpx
-import orjson
 import openai
+import orjson
 import pytest
 
 from gateway.errors import GatewayError
@@ -20,8 +20,11 @@ PADDING = "Background.   \n\n\n\n\n" + "lorem ipsum dolor " * 400
 
 
 def chat(content: str = "hi", **extra) -> dict:
-    return {"model": "mock-1", "messages": [{"role": "system", "content": PADDING},
-                                            {"role": "user", "content": content}], **extra}
+    return {
+        "model": "mock-1",
+        "messages": [{"role": "system", "content": PADDING}, {"role": "user", "content": content}],
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -31,33 +34,49 @@ def big_gateway(mock_upstream, make_gateway, tenant_settings):
 
 def test_a_big_body_gets_the_same_policies_and_answer(big_gateway, mock_upstream):
     gw = big_gateway
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0,
-                           timeout=60)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0, timeout=60)
     jobs = gw.gateway.offload.jobs
     whole = client.chat.completions.with_raw_response.create(**chat())
     chunks = list(client.chat.completions.create(**chat("again"), stream=True))
-    assert gw.gateway.offload.jobs >= jobs + 2            # both went to a worker process
+    assert gw.gateway.offload.jobs >= jobs + 2  # both went to a worker process
     assert whole.headers["x-firsttoken-policies"] == "slim,canonicalize,cache_hints"
     assert int(whole.headers["x-firsttoken-prompt-tokens-saved"]) >= 1
     assert whole.parse().choices[0].message.content
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     sent = [r["body"] for r in mock_upstream.mock.requests]
-    assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]       # slimmed in the worker
-    assert sent[0]["prompt_cache_key"].startswith("ft-")              # cache hints too
-    assert sent[1]["stream_options"] == {"include_usage": True}       # usage always asked
-    assert not any(c.usage for c in chunks)                           # ... and removed again
+    assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]  # slimmed in the worker
+    assert sent[0]["prompt_cache_key"].startswith("ft-")  # cache hints too
+    assert sent[1]["stream_options"] == {"include_usage": True}  # usage always asked
+    assert not any(c.usage for c in chunks)  # ... and removed again
 
 
-@pytest.mark.parametrize("body, code, param", [
-    (b'{"model": "mock-1", "messages": [' + b'{"role": "user"}, ' * 400 + b']', "invalid_json",
-     None),
-    (b'{"model": "mock-1", "pad": "' + b"x" * BIG + b'"}', None, "messages"),
-    (b'{"model": "mock-1", "messages": [{"role": "user", "content": "x"}], "d": '
-     + b"[" * 80 + b"]" * 80 + b', "pad": "' + b"x" * BIG + b'"}', "json_too_deep", None),
-])
+@pytest.mark.parametrize(
+    "body, code, param",
+    [
+        (
+            b'{"model": "mock-1", "messages": [' + b'{"role": "user"}, ' * 400 + b"]",
+            "invalid_json",
+            None,
+        ),
+        (b'{"model": "mock-1", "pad": "' + b"x" * BIG + b'"}', None, "messages"),
+        (
+            b'{"model": "mock-1", "messages": [{"role": "user", "content": "x"}], "d": '
+            + b"[" * 80
+            + b"]" * 80
+            + b', "pad": "'
+            + b"x" * BIG
+            + b'"}',
+            "json_too_deep",
+            None,
+        ),
+    ],
+)
 def test_a_big_body_is_refused_like_a_small_one(big_gateway, mock_upstream, body, code, param):
-    r = httpx.post(big_gateway.url + "/v1/chat/completions", content=body,
-                   headers={**auth(TENANT_A_KEY), "content-type": "application/json"})
+    r = httpx.post(
+        big_gateway.url + "/v1/chat/completions",
+        content=body,
+        headers={**auth(TENANT_A_KEY), "content-type": "application/json"},
+    )
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -81,18 +100,27 @@ def test_a_big_body_cannot_name_another_tenants_file(big_gateway, mock_upstream)
 
 
 def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
-    r = httpx.post(big_gateway.url + "/v1/chat/completions", json=chat(),
-                   headers={**auth(TENANT_A_KEY), "x-firsttoken-policies": "none"})
+    r = httpx.post(
+        big_gateway.url + "/v1/chat/completions",
+        json=chat(),
+        headers={**auth(TENANT_A_KEY), "x-firsttoken-policies": "none"},
+    )
     assert r.status_code == 200 and r.headers["x-firsttoken-policies"] == "none"
     assert "\n\n\n\n" in mock_upstream.mock.requests[0]["body"]["messages"][0]["content"]
 
 
 def test_other_route_kinds_keep_big_bodies_in_process(mock_upstream, make_gateway):
-    anthropic = {"name": "claude", "models": ["claude-*"], "kind": "anthropic",
-                 "base_url": mock_upstream.base_url, "api_key_env": "MOCK_KEY"}
+    anthropic = {
+        "name": "claude",
+        "models": ["claude-*"],
+        "kind": "anthropic",
+        "base_url": mock_upstream.base_url,
+        "api_key_env": "MOCK_KEY",
+    }
     gw = make_gateway([openai_route(mock_upstream), anthropic], big_body_bytes=BIG)
-    r = httpx.post(gw.url + "/v1/chat/completions", json={**chat(), "model": "claude-3-5-haiku"},
-                   timeout=60)
+    r = httpx.post(
+        gw.url + "/v1/chat/completions", json={**chat(), "model": "claude-3-5-haiku"}, timeout=60
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
     assert mock_upstream.mock.requests[-1]["path"] == "/v1/messages"
 
@@ -103,15 +131,18 @@ async def test_a_worker_that_dies_fails_its_request_alone():
     from gateway.settings import Settings
 
     routes = [{"name": "mock", "models": ["*"], "kind": "openai", "base_url": "http://x/v1"}]
-    work = HeavyWork(0, process_min_bytes=1, process_workers=1,
-                     process_init=(worker_init, (dumps_settings(Settings()), routes, {})))
+    work = HeavyWork(
+        0,
+        process_min_bytes=1,
+        process_workers=1,
+        process_init=(worker_init, (dumps_settings(Settings()), routes, {})),
+    )
     raw = orjson.dumps(chat())
     try:
         with pytest.raises(GatewayError) as err:
             await work.run_in_process("acme", os._exit, 3)
         assert err.value.status == 503
-        outcome = await work.run_in_process("acme", prepare, raw, "chat", "acme", None, False,
-                                            True)
+        outcome = await work.run_in_process("acme", prepare, raw, "chat", "acme", None, False, True)
         assert isinstance(outcome, Prepared)  # a new pool serves the next big body
         assert outcome.model == "mock-1" and set(outcome.bodies) == {"mock"}
         assert orjson.loads(outcome.bodies["mock"].encoded)["messages"][1]["content"] == "hi"
@@ -140,10 +171,12 @@ def test_workers_exit_when_their_gateway_is_killed(tmp_path):
         "    print(await work.run_in_process('t', os.getpid), flush=True)\n"
         "    await asyncio.sleep(60)\n"
         "if __name__ == '__main__':\n"
-        "    asyncio.run(main())\n")
+        "    asyncio.run(main())\n"
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    gateway = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env,
-                               text=True)
+    gateway = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True
+    )
     try:
         worker = int(gateway.stdout.readline())
         assert os.path.exists(f"/proc/{worker}")

@@ -25,21 +25,42 @@ from engine_backend.demo import RandomModelSpec, write_random_model
 from tests.engine_front.faults import break_sampling
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
 
-TINY = RandomModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
-                       tokenizer_vocab_size=300)
+TINY = RandomModelSpec(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=2048,
+    tokenizer_vocab_size=300,
+)
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
 MARK = 424242  # the seed of the request whose sampling the test breaks
 
 # Each used to overflow inside the engine step, fail rendering with a 502, or be ignored.
 POISON = [
-    ("top_k", 2**63), ("top_k", 2**31), ("top_k", -5), ("top_k", True),
-    ("seed", 2**64), ("seed", "7"), ("seed", 1.5),
-    ("temperature", True), ("temperature", 2.5), ("top_p", -1.0), ("max_tokens", 2**63),
-    ("chat_template_kwargs", {"tools": 1}), ("chat_template_kwargs", {"messages": 1}),
-    ("chat_template_kwargs", "x"), ("logit_bias", {"5": 100}), ("logit_bias", 3),
-    ("min_tokens", 5), ("ignore_eos", "yes"), ("repetition_penalty", -1),
-    ("presence_penalty", "high"), ("stop", "s" * 1000), ("cache_salt", {"a": 1}),
+    ("top_k", 2**63),
+    ("top_k", 2**31),
+    ("top_k", -5),
+    ("top_k", True),
+    ("seed", 2**64),
+    ("seed", "7"),
+    ("seed", 1.5),
+    ("temperature", True),
+    ("temperature", 2.5),
+    ("top_p", -1.0),
+    ("max_tokens", 2**63),
+    ("chat_template_kwargs", {"tools": 1}),
+    ("chat_template_kwargs", {"messages": 1}),
+    ("chat_template_kwargs", "x"),
+    ("logit_bias", {"5": 100}),
+    ("logit_bias", 3),
+    ("min_tokens", 5),
+    ("ignore_eos", "yes"),
+    ("repetition_penalty", -1),
+    ("presence_penalty", "high"),
+    ("stop", "s" * 1000),
+    ("cache_salt", {"a": 1}),
     ("tools", [{"type": "function", "function": {"name": 1}}]),
 ]
 
@@ -53,8 +74,10 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture
 def gateway(make_gateway, tenant_settings, tiny_model):
-    gw = make_gateway([{"name": "engine", "models": ["*"], "kind": "local",
-                        "model_path": tiny_model}], **tenant_settings)
+    gw = make_gateway(
+        [{"name": "engine", "models": ["*"], "kind": "local", "model_path": tiny_model}],
+        **tenant_settings,
+    )
     gw.wait_ready()
     return gw
 
@@ -81,8 +104,14 @@ def sdk(gw, key: str) -> openai.OpenAI:
 
 
 def greedy_chat(max_tokens: int, **extra) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": LONG}], "temperature": 0,
-            "max_tokens": max_tokens, "ignore_eos": True, **extra}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": LONG}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 class Victim:
@@ -100,8 +129,13 @@ class Victim:
 
     def _run(self) -> None:
         try:
-            with httpx.stream("POST", self.gw.url + "/v1/chat/completions", json=self.body,
-                              headers=auth(TENANT_A_KEY), timeout=60) as response:
+            with httpx.stream(
+                "POST",
+                self.gw.url + "/v1/chat/completions",
+                json=self.body,
+                headers=auth(TENANT_A_KEY),
+                timeout=60,
+            ) as response:
                 for line in response.iter_lines():
                     if line.startswith("data: {"):
                         self.chunks.append(orjson.loads(line[6:]))
@@ -119,14 +153,16 @@ class Victim:
         finishes = [c["choices"][0]["finish_reason"] for c in self.chunks if c.get("choices")]
         assert finishes[-1] == "length"
         assert self.chunks[-1]["usage"]["completion_tokens"] == self.body["max_tokens"]
-        return "".join(c["choices"][0]["delta"].get("content") or ""
-                       for c in self.chunks if c.get("choices"))
+        return "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in self.chunks if c.get("choices")
+        )
 
     def alone(self) -> str:
         """The same request on a quiet engine: what the victim should have received."""
         body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options")}
-        r = httpx.post(self.gw.url + "/v1/chat/completions", json=body,
-                       headers=auth(TENANT_A_KEY), timeout=60)
+        r = httpx.post(
+            self.gw.url + "/v1/chat/completions", json=body, headers=auth(TENANT_A_KEY), timeout=60
+        )
         return r.json()["choices"][0]["message"]["content"]
 
 
@@ -169,19 +205,26 @@ def test_a_request_failing_in_the_engine_fails_alone_and_is_not_retried(gateway)
         # byte, not retried.
         r = http.post("/v1/chat/completions", json=marked)
         assert r.status_code == 502 and "sampling failed" in r.json()["error"]["message"]
-        r = http.post("/v1/completions", json={"model": "tiny", "prompt": LONG, "stream": True,
-                                               "max_tokens": 5, "seed": MARK})
+        r = http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": LONG, "stream": True, "max_tokens": 5, "seed": MARK},
+        )
         assert r.status_code == 502 and "sampling failed" in r.json()["error"]["message"]
     assert sum(1 for s in submitted if s["seed"] == MARK) == 3, "a failed request was retried"
     text = victim.finish()
     assert text == victim.alone()
     llm = engine.engine
-    assert llm.requests == {} and llm.block_manager.num_free_blocks == \
-        llm.block_manager.num_total_blocks
+    assert (
+        llm.requests == {}
+        and llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+    )
     # The SDK sees the in-stream error as an APIError, never a silent truncation.
     with pytest.raises(openai.APIError, match="sampling failed"):
-        list(sdk(gateway, TENANT_B_KEY).chat.completions.create(
-            stream=True, **{k: v for k, v in marked.items() if k != "ignore_eos"}))
+        list(
+            sdk(gateway, TENANT_B_KEY).chat.completions.create(
+                stream=True, **{k: v for k, v in marked.items() if k != "ignore_eos"}
+            )
+        )
 
 
 def test_an_engine_that_stopped_is_a_503(gateway) -> None:
@@ -189,14 +232,22 @@ def test_an_engine_that_stopped_is_a_503(gateway) -> None:
     engine.async_engine.shutdown()
     with pytest.raises(openai.InternalServerError) as info:
         sdk(gateway, TENANT_A_KEY).chat.completions.create(
-            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        )
     assert info.value.status_code == 503
 
 
 def usage(gw, key: str, content: str):
-    chunks = list(sdk(gw, key).chat.completions.create(
-        model="tiny", stream=True, max_tokens=2, temperature=0,
-        stream_options={"include_usage": True}, messages=[{"role": "user", "content": content}]))
+    chunks = list(
+        sdk(gw, key).chat.completions.create(
+            model="tiny",
+            stream=True,
+            max_tokens=2,
+            temperature=0,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": content}],
+        )
+    )
     return chunks[-1].usage.prompt_tokens_details.cached_tokens
 
 
@@ -213,15 +264,41 @@ def test_tenant_mode_isolates_the_prefix_cache_by_default(gateway) -> None:
 # -- the engine itself, fuzzed ---------------------------------------------------------------
 
 ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=3),
-    max_leaves=6)
-FIELDS = ["temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens",
-          "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias",
-          "min_tokens", "ignore_eos", "stop", "n", "best_of", "logprobs", "top_logprobs",
-          "stream", "stream_options", "cache_salt", "chat_template_kwargs", "tools"]
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+FIELDS = [
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "logit_bias",
+    "min_tokens",
+    "ignore_eos",
+    "stop",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "stream",
+    "stream_options",
+    "cache_salt",
+    "chat_template_kwargs",
+    "tools",
+]
 SMALL_OUTPUT = st.one_of(st.integers(min_value=-3, max_value=3), ANY_JSON)
 
 
@@ -235,16 +312,21 @@ def engine_loop(tiny_model):
     loop.close()
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(fields=st.dictionaries(st.sampled_from(FIELDS), ANY_JSON, max_size=4),
-       budget=SMALL_OUTPUT)
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(fields=st.dictionaries(st.sampled_from(FIELDS), ANY_JSON, max_size=4), budget=SMALL_OUTPUT)
 def test_fuzzed_sampling_fields_are_served_or_a_400(engine_loop, fields, budget) -> None:
     """Any JSON in any field the engine reads: a 400 naming a field or a normal answer, and
     the engine keeps running with nothing left behind."""
     engine, loop = engine_loop
-    body = {"messages": [{"role": "user", "content": "Hi"}], **fields,
-            "max_tokens": 3 if budget is None else budget}  # not the whole context on a CPU
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        **fields,
+        "max_tokens": 3 if budget is None else budget,
+    }  # not the whole context on a CPU
     if isinstance(fields.get("max_completion_tokens"), int):
         body["max_completion_tokens"] = fields["max_completion_tokens"] % 4 + 1
 
@@ -252,7 +334,7 @@ def test_fuzzed_sampling_fields_are_served_or_a_400(engine_loop, fields, budget)
         try:
             out = await engine.chat_completion(body)
         except EngineRequestError as exc:
-            assert exc.param in FIELDS + ["messages"], exc.param
+            assert exc.param in [*FIELDS, "messages"], exc.param
             return
         assert out["usage"]["completion_tokens"] >= 1
         async for chunk in engine.chat_completion_stream(body):

@@ -28,8 +28,9 @@ pytestmark = pytest.mark.timeout(120)
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def assert_openai_error(body: bytes | dict, code: str | None = None,
-                        param: str | None = None) -> dict:
+def assert_openai_error(
+    body: bytes | dict, code: str | None = None, param: str | None = None
+) -> dict:
     error = (orjson.loads(body) if isinstance(body, bytes) else body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
@@ -73,7 +74,7 @@ def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return status, headers, body[:int(headers.get("content-length", len(body)))]
+    return status, headers, body[: int(headers.get("content-length", len(body)))]
 
 
 def get_with(path: str = "/healthz", extra: bytes = b"") -> bytes:
@@ -89,13 +90,16 @@ def gateway(mock_upstream, make_gateway, tenant_settings):
 
 # --- head limits (protocol layer) -------------------------------------------------------------
 
+
 def test_too_many_header_fields_is_431(gateway):
     fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(101))
     status, headers, body = parse_response(exchange(gateway.port, get_with(extra=fields)))
     assert status == 431
     assert headers["content-type"] == "application/json" and headers["connection"] == "close"
-    assert "FIRSTTOKEN_MAX_HEADERS" in assert_openai_error(body, "request_header_fields_too_large")[
-        "message"]
+    assert (
+        "FIRSTTOKEN_MAX_HEADERS"
+        in assert_openai_error(body, "request_header_fields_too_large")["message"]
+    )
     # 99 fields plus host is within the default of 100.
     fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(99))
     assert parse_response(exchange(gateway.port, get_with(extra=fields)))[0] == 200
@@ -105,8 +109,10 @@ def test_header_bytes_over_limit_is_431(gateway):
     big = b"x-big: " + b"a" * (65 * 1024) + b"\r\n"
     status, _, body = parse_response(exchange(gateway.port, get_with(extra=big)))
     assert status == 431
-    assert "FIRSTTOKEN_MAX_HEADER_BYTES" in assert_openai_error(
-        body, "request_header_fields_too_large")["message"]
+    assert (
+        "FIRSTTOKEN_MAX_HEADER_BYTES"
+        in assert_openai_error(body, "request_header_fields_too_large")["message"]
+    )
     # Many medium fields that add up past the limit are refused the same way.
     fields = b"".join(b"x-f%d: %s\r\n" % (i, b"b" * 1000) for i in range(70))
     assert parse_response(exchange(gateway.port, get_with(extra=fields)))[0] == 431
@@ -115,12 +121,20 @@ def test_header_bytes_over_limit_is_431(gateway):
 def test_head_limits_follow_settings(mock_upstream, make_gateway):
     from tests.gateway.conftest import openai_route
 
-    gw = make_gateway([openai_route(mock_upstream)], max_header_bytes=2048, max_headers=10,
-                      max_request_line_bytes=512)
-    assert parse_response(exchange(gw.port, get_with(extra=b"x-a: " + b"a" * 1500 + b"\r\n")))[
-        0] == 200
-    assert parse_response(exchange(gw.port, get_with(extra=b"x-a: " + b"a" * 2100 + b"\r\n")))[
-        0] == 431
+    gw = make_gateway(
+        [openai_route(mock_upstream)],
+        max_header_bytes=2048,
+        max_headers=10,
+        max_request_line_bytes=512,
+    )
+    assert (
+        parse_response(exchange(gw.port, get_with(extra=b"x-a: " + b"a" * 1500 + b"\r\n")))[0]
+        == 200
+    )
+    assert (
+        parse_response(exchange(gw.port, get_with(extra=b"x-a: " + b"a" * 2100 + b"\r\n")))[0]
+        == 431
+    )
     fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(10))
     assert parse_response(exchange(gw.port, get_with(extra=fields)))[0] == 431
     assert parse_response(exchange(gw.port, get_with("/healthz?" + "q" * 400)))[0] == 200
@@ -129,10 +143,12 @@ def test_head_limits_follow_settings(mock_upstream, make_gateway):
 
 def test_long_request_line_is_414(gateway):
     status, headers, body = parse_response(
-        exchange(gateway.port, get_with("/v1/models?" + "a" * 9000)))
+        exchange(gateway.port, get_with("/v1/models?" + "a" * 9000))
+    )
     assert status == 414 and headers["connection"] == "close"
-    assert "FIRSTTOKEN_MAX_REQUEST_LINE_BYTES" in assert_openai_error(body, "uri_too_long")[
-        "message"]
+    assert (
+        "FIRSTTOKEN_MAX_REQUEST_LINE_BYTES" in assert_openai_error(body, "uri_too_long")["message"]
+    )
 
 
 def test_oversized_head_after_a_good_request_on_one_connection(gateway):
@@ -146,8 +162,11 @@ def test_oversized_head_after_a_good_request_on_one_connection(gateway):
 
 
 def test_malformed_request_is_json_400(gateway):
-    for junk in (b"NOT AN HTTP REQUEST\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
-                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"):
+    for junk in (
+        b"NOT AN HTTP REQUEST\r\n\r\n",
+        b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+    ):
         status, headers, body = parse_response(exchange(gateway.port, junk))
         assert status == 400 and headers["content-type"] == "application/json"
         assert_openai_error(body, "invalid_http_request")
@@ -163,8 +182,9 @@ def test_64mb_header_does_not_stall_other_clients(gateway):
     def attack() -> None:
         head = b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-big: "
         try:
-            answers.append(exchange(gateway.port, head + b"a" * (64 << 20) + b"\r\n\r\n",
-                                    timeout=20))
+            answers.append(
+                exchange(gateway.port, head + b"a" * (64 << 20) + b"\r\n\r\n", timeout=20)
+            )
         finally:
             attack_done.set()
 
@@ -187,15 +207,19 @@ def test_64mb_header_does_not_stall_other_clients(gateway):
 
 # --- body limits (before policies) ------------------------------------------------------------
 
+
 def sdk(gw, **extra) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0, timeout=20,
-                         **extra)
+    return openai.OpenAI(
+        base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0, timeout=20, **extra
+    )
 
 
 def test_big_declared_body_is_413_without_reading_it(gateway, mock_upstream):
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-            b"authorization: Bearer " + TENANT_A_KEY.encode() + b"\r\n"
-            b"content-length: " + str(1 << 30).encode() + b"\r\n\r\n")
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + TENANT_A_KEY.encode() + b"\r\n"
+        b"content-length: " + str(1 << 30).encode() + b"\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall(head + b'{"model": "mock-1", "messages": [')
         start = time.monotonic()
@@ -220,8 +244,9 @@ def nested(levels: int) -> object:
 def test_deep_json_is_400_through_the_sdk(gateway, mock_upstream):
     # The body is one level, so 64 lists inside it make 65 (the limit is 64).
     with pytest.raises(openai.BadRequestError) as err:
-        sdk(gateway).chat.completions.create(model="mock-1", messages=MESSAGES,
-                                             extra_body={"metadata": nested(64)})
+        sdk(gateway).chat.completions.create(
+            model="mock-1", messages=MESSAGES, extra_body={"metadata": nested(64)}
+        )
     assert err.value.body["code"] == "json_too_deep"
     assert mock_upstream.mock.requests == []
 
@@ -232,8 +257,11 @@ def test_deeper_than_serializable_json_is_400_not_502(gateway, mock_upstream, le
     a retry); past 1024 it cannot parse it."""
     deep = b"[" * levels + b"1" + b"]" * levels
     body = b'{"model": "mock-1", "messages": [{"role": "user", "content": "hi"}], "x": %s}' % deep
-    r = httpx.post(gateway.url + "/v1/chat/completions", content=body,
-                   headers={**auth(TENANT_A_KEY), "content-type": "application/json"})
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        content=body,
+        headers={**auth(TENANT_A_KEY), "content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert_openai_error(r.json(), code)
     assert mock_upstream.mock.requests == []
@@ -248,16 +276,26 @@ def reference_depth(value: object) -> int:
 
 
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
-              st.floats(allow_nan=False, allow_infinity=False),
-              st.text(max_size=5)),
-    lambda children: st.one_of(st.lists(children, max_size=3),
-                               st.dictionaries(st.text(max_size=3), children, max_size=3)),
-    max_leaves=30)
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=5),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=30,
+)
 
 
-@given(value=st.one_of(st.lists(json_values, max_size=3),
-                       st.dictionaries(st.text(max_size=3), json_values, max_size=3)))
+@given(
+    value=st.one_of(
+        st.lists(json_values, max_size=3),
+        st.dictionaries(st.text(max_size=3), json_values, max_size=3),
+    )
+)
 @settings(max_examples=300, deadline=None)
 def test_depth_walk_matches_a_plain_recursive_walk(value):
     """The C-level walk relies on CPython not tracking dicts of scalars; check it against a
@@ -270,8 +308,9 @@ def test_depth_walk_matches_a_plain_recursive_walk(value):
 
 
 def test_json_depth_at_the_limit_is_served(gateway, mock_upstream):
-    reply = sdk(gateway).chat.completions.create(model="mock-1", messages=MESSAGES,
-                                                 extra_body={"x_deep": nested(63)})
+    reply = sdk(gateway).chat.completions.create(
+        model="mock-1", messages=MESSAGES, extra_body={"x_deep": nested(63)}
+    )
     assert reply.choices
     assert len(mock_upstream.mock.requests) == 1
 
@@ -314,16 +353,20 @@ def test_long_model_is_400(gateway, mock_upstream):
 
 # --- routing: 404, 405, trailing slashes ------------------------------------------------------
 
-@pytest.mark.parametrize("method,path,allow", [
-    ("GET", "/nowhere", None),
-    ("POST", "/healthz/deeper", None),
-    ("DELETE", "/healthz", "GET, HEAD"),
-    ("GET", "/v1/chat/completions", "POST"),
-    ("GET", "/v1/chat/completions/", "POST"),
-    ("PUT", "/v1/completions", "POST"),
-    ("DELETE", "/v1/completions/", "POST"),
-    ("OPTIONS", "/v1/files", "DELETE, GET, HEAD, PATCH, POST, PUT"),
-])
+
+@pytest.mark.parametrize(
+    "method,path,allow",
+    [
+        ("GET", "/nowhere", None),
+        ("POST", "/healthz/deeper", None),
+        ("DELETE", "/healthz", "GET, HEAD"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("GET", "/v1/chat/completions/", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("DELETE", "/v1/completions/", "POST"),
+        ("OPTIONS", "/v1/files", "DELETE, GET, HEAD, PATCH, POST, PUT"),
+    ],
+)
 def test_404_and_405_are_openai_errors(gateway, mock_upstream, method, path, allow):
     r = httpx.request(method, gateway.url + path, headers=auth(TENANT_A_KEY))
     assert r.status_code == (405 if allow else 404)
@@ -340,10 +383,13 @@ def test_sdk_sees_405_as_a_typed_error(gateway):
     assert err.value.body["code"] == "method_not_allowed"
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions/", {"model": "mock-1", "messages": MESSAGES}),
-    ("/v1/completions/", {"model": "mock-1", "prompt": "hi"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions/", {"model": "mock-1", "messages": MESSAGES}),
+        ("/v1/completions/", {"model": "mock-1", "prompt": "hi"}),
+    ],
+)
 def test_trailing_slash_takes_the_hot_path(gateway, mock_upstream, path, body):
     # Validation runs: a missing field is the gateway's 400, not an upstream's answer.
     broken = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
@@ -361,9 +407,20 @@ def test_trailing_slash_takes_the_hot_path(gateway, mock_upstream, path, body):
 
 # --- metrics query parameters -----------------------------------------------------------------
 
-@pytest.mark.parametrize("query", ["window=%C2%B2", "window=%D9%A3", "window=" + "9" * 5000,
-                                   "window=-1", "window=0", "window=1e3",
-                                   "tenant=" + "t" * 300, "tenant=%00"])
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "window=%C2%B2",
+        "window=%D9%A3",
+        "window=" + "9" * 5000,
+        "window=-1",
+        "window=0",
+        "window=1e3",
+        "tenant=" + "t" * 300,
+        "tenant=%00",
+    ],
+)
 def test_bad_metrics_query_is_400(gateway, query):
     from tests.security.conftest import ADMIN_KEY
 
@@ -382,12 +439,16 @@ def test_too_many_json_containers_is_400_before_parsing(mock_upstream, make_gate
 
     gw = make_gateway([openai_route(mock_upstream)], max_json_containers=1000)
     parts = [{"type": "text", "text": "a"}] * 1200
-    r = httpx.post(gw.url + "/v1/chat/completions", json={
-        "model": "mock-1", "messages": [{"role": "user", "content": parts}]})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "mock-1", "messages": [{"role": "user", "content": parts}]},
+    )
     assert r.status_code == 400
     error = assert_openai_error(r.json(), "json_too_large")
     assert "FIRSTTOKEN_MAX_JSON_CONTAINERS" in error["message"]
-    ok = httpx.post(gw.url + "/v1/chat/completions", json={
-        "model": "mock-1", "messages": [{"role": "user", "content": parts[:400]}]})
+    ok = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "mock-1", "messages": [{"role": "user", "content": parts[:400]}]},
+    )
     assert ok.status_code == 200
     assert len(mock_upstream.mock.requests) == 1  # the refused body never went upstream

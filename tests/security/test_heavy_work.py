@@ -33,45 +33,55 @@ async def test_a_tenant_queues_behind_itself_not_behind_others():
 
     tick = asyncio.ensure_future(ticker())
     try:
-        names = await asyncio.gather(work.run("a", job, "a"), work.run("a", job, "a"),
-                                     work.run("b", job, "b"))
+        names = await asyncio.gather(
+            work.run("a", job, "a"), work.run("a", job, "a"), work.run("b", job, "b")
+        )
     finally:
         tick.cancel()
         work.close()
     assert all(name.startswith("firsttoken-heavy") for name in names)
     (a1, a2), (b1,) = sorted(spans["a"]), spans["b"]
-    assert a2[0] >= a1[1]                        # tenant a's second job waited for its first
-    assert b1[0] < a1[1] and b1[0] < a2[0]       # tenant b did not wait for tenant a
-    assert loop_ticks >= 15                      # the loop kept running meanwhile
+    assert a2[0] >= a1[1]  # tenant a's second job waited for its first
+    assert b1[0] < a1[1] and b1[0] < a2[0]  # tenant b did not wait for tenant a
+    assert loop_ticks >= 15  # the loop kept running meanwhile
 
 
-def test_big_bodies_get_the_same_policies_off_the_loop(mock_upstream, make_gateway,
-                                                       tenant_settings):
+def test_big_bodies_get_the_same_policies_off_the_loop(
+    mock_upstream, make_gateway, tenant_settings
+):
     from tests.gateway.conftest import openai_route
 
-    gw = make_gateway([openai_route(mock_upstream)], policy_thread_min_bytes=1024,
-                      **tenant_settings)
+    gw = make_gateway(
+        [openai_route(mock_upstream)], policy_thread_min_bytes=1024, **tenant_settings
+    )
     text = "Some context.   \n\n\n\n\n" + "word " * 400
-    body = {"model": "mock-a", "messages": [{"role": "system", "content": text},
-                                            {"role": "user", "content": "hi"}]}
+    body = {
+        "model": "mock-a",
+        "messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}],
+    }
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         big = client.post("/v1/chat/completions", json=body, headers=auth(TENANT_A_KEY))
         jobs_after_big = gw.gateway.offload.jobs
-        small = client.post("/v1/chat/completions", headers=auth(TENANT_A_KEY), json={
-            "model": "mock-a", "messages": [{"role": "user", "content": "hi   \n\n\n\n\nthere"}]})
+        small = client.post(
+            "/v1/chat/completions",
+            headers=auth(TENANT_A_KEY),
+            json={
+                "model": "mock-a",
+                "messages": [{"role": "user", "content": "hi   \n\n\n\n\nthere"}],
+            },
+        )
     assert big.status_code == small.status_code == 200
     assert jobs_after_big >= 1 and gw.gateway.offload.jobs == jobs_after_big  # only the big one
     assert big.headers["x-firsttoken-policies"] == small.headers["x-firsttoken-policies"]
     assert int(big.headers["x-firsttoken-prompt-tokens-saved"]) >= 1
     sent = [r["body"] for r in mock_upstream.mock.requests]
-    assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]   # slimmed in the worker
-    assert sent[0]["prompt_cache_key"].startswith("ft-")         # cache hints applied too
+    assert "\n\n\n\n" not in sent[0]["messages"][0]["content"]  # slimmed in the worker
+    assert sent[0]["prompt_cache_key"].startswith("ft-")  # cache hints applied too
 
 
 async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch):
-    from policies import DEFAULT_POLICIES, PolicyContext, build_chain
-
     from gateway.policy_runner import report_headers
+    from policies import DEFAULT_POLICIES, PolicyContext, build_chain
 
     class PanicException(BaseException):  # what pyo3 raises; not an Exception
         pass
@@ -81,11 +91,13 @@ async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch
 
     result = build_chain(tuple(DEFAULT_POLICIES), {}).transform(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-        PolicyContext(endpoint="chat", route_kind="openai", model="m", tenant="t"))
+        PolicyContext(endpoint="chat", route_kind="openai", model="m", tenant="t"),
+    )
 
     def raising(exc: BaseException):
         def measure(**_):
             raise exc
+
         return measure
 
     monkeypatch.setattr(result, "measure", raising(PanicException("tokenizer panicked")))

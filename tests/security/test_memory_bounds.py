@@ -24,15 +24,18 @@ CTX = PolicyContext(endpoint="chat", route_kind="openai", model="gpt-4o", tenant
 def test_a_huge_prompt_cache_key_names_a_short_family():
     chain = build_chain(tuple(DEFAULT_POLICIES), {})
     huge = "k" * 1_000_000
-    body = {"model": "gpt-4o", "prompt_cache_key": huge,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "gpt-4o",
+        "prompt_cache_key": huge,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     result = chain.transform(body, CTX)
     assert len(result.cache_key) <= MAX_CACHE_KEY_CHARS
-    assert result.body["prompt_cache_key"] == huge          # the upstream still gets it as sent
+    assert result.body["prompt_cache_key"] == huge  # the upstream still gets it as sent
     other = chain.transform({**body, "prompt_cache_key": huge[:-1] + "j"}, CTX)
-    assert other.cache_key != result.cache_key              # distinct keys stay distinct
+    assert other.cache_key != result.cache_key  # distinct keys stay distinct
     short = chain.transform({**body, "prompt_cache_key": "mine"}, CTX)
-    assert short.cache_key == "mine"                        # a normal key is kept as it is
+    assert short.cache_key == "mine"  # a normal key is kept as it is
 
 
 def test_unique_model_names_cannot_grow_the_route_cache():
@@ -43,16 +46,22 @@ def test_unique_model_names_cannot_grow_the_route_cache():
     assert sum(map(len, table._matched)) <= MATCH_CACHE_BYTES
 
 
-def test_unique_huge_cache_keys_do_not_pile_up_in_diagnostics(mock_upstream, make_gateway,
-                                                             tenant_settings):
+def test_unique_huge_cache_keys_do_not_pile_up_in_diagnostics(
+    mock_upstream, make_gateway, tenant_settings
+):
     from tests.gateway.conftest import openai_route
 
     gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)
     with httpx.Client(base_url=gw.url, timeout=30, headers=auth(TENANT_A_KEY)) as client:
         for i in range(20):
-            r = client.post("/v1/chat/completions", json={
-                "model": "mock-1", "prompt_cache_key": f"{i:04d}" + "z" * 200_000,
-                "messages": [{"role": "user", "content": "hello"}]})
+            r = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "mock-1",
+                    "prompt_cache_key": f"{i:04d}" + "z" * 200_000,
+                    "messages": [{"role": "user", "content": "hello"}],
+                },
+            )
             assert r.status_code == 200
     telemetry = gw.gateway.telemetry
     families = [family for (_, family) in telemetry.writer._blobs]
@@ -60,10 +69,13 @@ def test_unique_huge_cache_keys_do_not_pile_up_in_diagnostics(mock_upstream, mak
     assert len(families) >= 20 and all(len(f) <= MAX_CACHE_KEY_CHARS for f in families)
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("foo://bar", "not a valid Redis URL"),
-    ("redis://127.0.0.1:6379/99", "DB index is out of range"),
-])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("foo://bar", "not a valid Redis URL"),
+        ("redis://127.0.0.1:6379/99", "DB index is out of range"),
+    ],
+)
 def test_a_bad_redis_url_stops_the_start_naming_the_variable(url, reason):
     with pytest.raises(SettingsError, match=f"FIRSTTOKEN_REDIS_URL.*{reason}"):
         create_app(Settings(redis_url=url), {})
@@ -72,12 +84,20 @@ def test_a_bad_redis_url_stops_the_start_naming_the_variable(url, reason):
 
 
 def test_the_cli_says_which_variable_is_wrong_and_exits_2():
-    env = {"PATH": "/usr/bin:/bin", "FIRSTTOKEN_REDIS_URL": "foo://bar",
-           "FIRSTTOKEN_ROUTES": orjson.dumps([{"name": "x", "models": ["*"], "kind": "openai",
-                                               "base_url": "http://127.0.0.1:9"}]).decode()}
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port",
-                           str(free_port())], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "FIRSTTOKEN_REDIS_URL": "foo://bar",
+        "FIRSTTOKEN_ROUTES": orjson.dumps(
+            [{"name": "x", "models": ["*"], "kind": "openai", "base_url": "http://127.0.0.1:9"}]
+        ).decode(),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "FIRSTTOKEN_REDIS_URL" in done.stderr and "Traceback" not in done.stderr
 
@@ -85,10 +105,11 @@ def test_the_cli_says_which_variable_is_wrong_and_exits_2():
 def test_an_unreachable_redis_only_degrades_telemetry(mock_upstream, make_gateway):
     from tests.gateway.conftest import openai_route
 
-    gw = make_gateway([openai_route(mock_upstream)],
-                      redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    r = httpx.post(gw.url + "/v1/chat/completions",
-                   json={"model": "mock-1", "messages": [{"role": "user", "content": "hi"}]})
+    gw = make_gateway([openai_route(mock_upstream)], redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "mock-1", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200
     deadline = time.monotonic() + 10  # the writer's first probe or write finds it down
     while (ready := httpx.get(gw.url + "/readyz").json())["telemetry"]["state"] != "degraded":

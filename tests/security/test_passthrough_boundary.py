@@ -26,8 +26,9 @@ from tests.gateway.servers import GatewayThread
 from tests.security.conftest import UPSTREAM_KEY
 
 
-def raw_request(gw, method: str, target: str, body: bytes | None = None,
-                headers: dict | None = None) -> tuple[int, dict, bytes]:
+def raw_request(
+    gw, method: str, target: str, body: bytes | None = None, headers: dict | None = None
+) -> tuple[int, dict, bytes]:
     """The request target goes out byte for byte (no client-side normalisation)."""
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     conn.request(method, target, body=body, headers=headers or {})
@@ -78,17 +79,18 @@ TRAVERSALS = [
 
 @pytest.mark.parametrize("method,target", TRAVERSALS)
 def test_paths_outside_the_allowed_families_never_reach_the_upstream(
-        mock_upstream, make_gateway, method, target):
+    mock_upstream, make_gateway, method, target
+):
     gw = make_gateway([openai_route(mock_upstream)])
     body = b'{"model": "mock-1"}' if method == "POST" else None
-    status, _, data = raw_request(gw, method, target, body,
-                                  {"content-type": "application/json"} if body else None)
+    status, _, data = raw_request(
+        gw, method, target, body, {"content-type": "application/json"} if body else None
+    )
     assert_openai_error(status, data, (400, 404, 405))
     assert mock_upstream.mock.requests == []
 
 
-def test_control_characters_in_the_raw_target_never_reach_the_upstream(mock_upstream,
-                                                                       make_gateway):
+def test_control_characters_in_the_raw_target_never_reach_the_upstream(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
         sock.sendall(b"GET /v1/files/a\x01b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -97,8 +99,7 @@ def test_control_characters_in_the_raw_target_never_reach_the_upstream(mock_upst
     assert mock_upstream.mock.requests == []
 
 
-def test_query_is_reencoded_and_the_path_reaches_exactly_its_family(mock_upstream,
-                                                                    make_gateway):
+def test_query_is_reencoded_and_the_path_reaches_exactly_its_family(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream, base_url=mock_upstream.base_url + "/")])
     status, _, _ = raw_request(gw, "GET", "/v1/files?purpose=a%26b%3Fc&limit=2")
     assert status == 200
@@ -107,8 +108,7 @@ def test_query_is_reencoded_and_the_path_reaches_exactly_its_family(mock_upstrea
     assert seen["headers"]["Authorization"] == f"Bearer {UPSTREAM_KEY}"
 
 
-def test_a_redirect_is_not_followed_and_the_other_host_sees_nothing(mock_upstream,
-                                                                    make_gateway):
+def test_a_redirect_is_not_followed_and_the_other_host_sees_nothing(mock_upstream, make_gateway):
     other = MockUpstream(MockBehaviour())
     with ThreadedServer(other) as elsewhere:
         mock_upstream.mock.behaviour.redirect_to = elsewhere.base_url
@@ -126,23 +126,40 @@ def test_a_redirect_is_not_followed_and_the_other_host_sees_nothing(mock_upstrea
 
 
 ACCOUNT_HEADERS = {
-    "authorization": "Bearer client-own-openai-key", "x-api-key": "client-x-api-key",
-    "openai-organization": "org-client", "openai-project": "proj-client",
-    "cookie": "session=client", "x-forwarded-for": "10.0.0.1", "x-forwarded-host": "evil",
-    "x-real-ip": "10.0.0.2", "proxy-authorization": "Basic Y2xpZW50", "x-custom": "hop",
+    "authorization": "Bearer client-own-openai-key",
+    "x-api-key": "client-x-api-key",
+    "openai-organization": "org-client",
+    "openai-project": "proj-client",
+    "cookie": "session=client",
+    "x-forwarded-for": "10.0.0.1",
+    "x-forwarded-host": "evil",
+    "x-real-ip": "10.0.0.2",
+    "proxy-authorization": "Basic Y2xpZW50",
+    "x-custom": "hop",
     "forwarded": "for=10.0.0.3",
 }
 
 
-def test_client_account_and_hop_by_hop_headers_are_never_forwarded(mock_upstream,
-                                                                   make_gateway):
+def test_client_account_and_hop_by_hop_headers_are_never_forwarded(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.object_headers = {
-        "set-cookie": "upstream=1", "openai-organization": "org-route", "x-request-id": "req_1",
-        "x-ratelimit-remaining-requests": "9", "openai-processing-ms": "5"}
+        "set-cookie": "upstream=1",
+        "openai-organization": "org-route",
+        "x-request-id": "req_1",
+        "x-ratelimit-remaining-requests": "9",
+        "openai-processing-ms": "5",
+    }
     gw = make_gateway([openai_route(mock_upstream)])
-    status, headers, _ = raw_request(gw, "GET", "/v1/files", headers={
-        **ACCOUNT_HEADERS, "connection": "keep-alive, x-custom", "openai-beta": "assistants=v2",
-        "idempotency-key": "idem-1"})
+    status, headers, _ = raw_request(
+        gw,
+        "GET",
+        "/v1/files",
+        headers={
+            **ACCOUNT_HEADERS,
+            "connection": "keep-alive, x-custom",
+            "openai-beta": "assistants=v2",
+            "idempotency-key": "idem-1",
+        },
+    )
     assert status == 200
     seen = {k.lower(): v for k, v in mock_upstream.mock.requests[-1]["headers"].items()}
     assert seen["authorization"] == f"Bearer {UPSTREAM_KEY}"
@@ -155,8 +172,12 @@ def test_client_account_and_hop_by_hop_headers_are_never_forwarded(mock_upstream
     assert headers["x-ratelimit-remaining-requests"] == "9"
     assert "set-cookie" not in headers and "openai-organization" not in headers
 
-    raw_request(gw, "GET", "/v1/files", headers={"connection": "idempotency-key",
-                                                 "idempotency-key": "idem-2"})
+    raw_request(
+        gw,
+        "GET",
+        "/v1/files",
+        headers={"connection": "idempotency-key", "idempotency-key": "idem-2"},
+    )
     seen = {k.lower() for k in mock_upstream.mock.requests[-1]["headers"]}
     assert "idempotency-key" not in seen
 
@@ -175,8 +196,7 @@ def test_the_route_timeout_bounds_a_hanging_upstream_and_closes_it(mock_upstream
     assert mock_upstream.mock.disconnects, "the upstream request was left open"
 
 
-def test_departed_clients_close_the_upstream_and_leave_the_pool_free(mock_upstream,
-                                                                     make_gateway):
+def test_departed_clients_close_the_upstream_and_leave_the_pool_free(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.hang_s = 8
     gw = make_gateway([openai_route(mock_upstream)], pool_size=2)
     gw.wait_ready()
@@ -198,7 +218,8 @@ def test_departed_clients_close_the_upstream_and_leave_the_pool_free(mock_upstre
     assert max(mock_upstream.mock.disconnects) - left < 1.5
     started = time.perf_counter()
     reply = client(gw, timeout=5).chat.completions.create(
-        model="mock-1", messages=[{"role": "user", "content": "hi"}])
+        model="mock-1", messages=[{"role": "user", "content": "hi"}]
+    )
     assert reply.choices[0].message.content.startswith("tok0")
     assert time.perf_counter() - started < 2
 
@@ -206,8 +227,12 @@ def test_departed_clients_close_the_upstream_and_leave_the_pool_free(mock_upstre
 def test_a_departed_stream_client_closes_the_upstream_stream(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.hang_s = 8
     gw = make_gateway([openai_route(mock_upstream)])
-    with httpx.stream("POST", gw.url + "/v1/responses", timeout=5,
-                      json={"model": "mock-1", "input": "hi", "stream": True}) as resp:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/responses",
+        timeout=5,
+        json={"model": "mock-1", "input": "hi", "stream": True},
+    ) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         first = next(resp.iter_raw())
         assert b"response.created" in first
@@ -220,9 +245,13 @@ def test_a_departed_stream_client_closes_the_upstream_stream(mock_upstream, make
 
 def test_request_bodies_are_bounded_before_the_upstream(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], max_body_bytes=1024, max_upload_bytes=2048)
-    status, _, data = raw_request(gw, "POST", "/v1/embeddings",
-                                  orjson.dumps({"model": "mock-1", "input": "x" * 4000}),
-                                  {"content-type": "application/json"})
+    status, _, data = raw_request(
+        gw,
+        "POST",
+        "/v1/embeddings",
+        orjson.dumps({"model": "mock-1", "input": "x" * 4000}),
+        {"content-type": "application/json"},
+    )
     assert assert_openai_error(status, data, (413,))["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as caught:
         client(gw).files.create(file=("big.jsonl", b"x" * 5000), purpose="batch")
@@ -233,8 +262,12 @@ def test_request_bodies_are_bounded_before_the_upstream(mock_upstream, make_gate
         for _ in range(10):
             yield b"y" * 1000
 
-    resp = httpx.post(gw.url + "/v1/files", content=chunks(), timeout=10,
-                      headers={"content-type": "multipart/form-data; boundary=zz"})
+    resp = httpx.post(
+        gw.url + "/v1/files",
+        content=chunks(),
+        timeout=10,
+        headers={"content-type": "multipart/form-data; boundary=zz"},
+    )
     assert resp.status_code == 413
     assert mock_upstream.mock.objects.files == {}
 
@@ -251,12 +284,17 @@ def test_an_upload_is_streamed_with_its_length(mock_upstream, make_gateway):
 def test_upstream_bodies_and_events_are_bounded(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.pad_bytes = 300_000
     mock_upstream.mock.behaviour.huge_event_bytes = 200_000
-    gw = make_gateway([openai_route(mock_upstream)], max_response_bytes=100_000,
-                      max_event_bytes=100_000)
+    gw = make_gateway(
+        [openai_route(mock_upstream)], max_response_bytes=100_000, max_event_bytes=100_000
+    )
     status, _, data = raw_request(gw, "GET", "/v1/files")
     assert assert_openai_error(status, data, (502,))["code"] == "upstream_too_large"
-    with httpx.stream("POST", gw.url + "/v1/responses", timeout=10,
-                      json={"model": "mock-1", "input": "hi", "stream": True}) as resp:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/responses",
+        timeout=10,
+        json={"model": "mock-1", "input": "hi", "stream": True},
+    ) as resp:
         body = resp.read()
     assert b"response.created" in body and b"event: error" in body
     assert b"xxxxxxxxxx" not in body and b"response.completed" not in body
@@ -273,8 +311,11 @@ def test_passthrough_families_can_be_switched_off_per_route(mock_upstream, make_
         client(none).embeddings.create(model="mock-1", input="hi")
     assert [r["path"] for r in mock_upstream.mock.requests] == ["/v1/embeddings"]
     # chat is not a passthrough family: a route with passthrough off still serves it
-    assert client(none).chat.completions.create(
-        model="mock-1", messages=[{"role": "user", "content": "hi"}]).choices
+    assert (
+        client(none)
+        .chat.completions.create(model="mock-1", messages=[{"role": "user", "content": "hi"}])
+        .choices
+    )
 
 
 def test_an_unknown_passthrough_family_is_a_start_up_error(mock_upstream):
@@ -288,21 +329,53 @@ def test_passthrough_is_counted_per_family_and_status_class(mock_upstream, make_
     raw_request(gw, "GET", "/v1/files")
     raw_request(gw, "GET", "/v1/files/%2e%2e")
     metrics = httpx.get(gw.url + "/metrics").text
-    assert ('firsttoken_passthrough_requests_total{family="files",status="2xx",'
-            'tenant="default"} 1.0') in metrics
-    assert ('firsttoken_passthrough_requests_total{family="invalid",status="4xx",'
-            'tenant="default"} 1.0') in metrics
+    assert (
+        'firsttoken_passthrough_requests_total{family="files",status="2xx",tenant="default"} 1.0'
+    ) in metrics
+    assert (
+        'firsttoken_passthrough_requests_total{family="invalid",status="4xx",tenant="default"} 1.0'
+    ) in metrics
     assert 'firsttoken_passthrough_seconds_count{family="files",tenant="default"} 1.0' in metrics
 
 
 SEGMENT_ALPHABET = st.sampled_from(
-    ["files", "batches", "..", ".", "%2e", "%2E", "%2f", "%5c", "%3f", "%23", "%00", "%25",
-     "%252e", "\\", "a", "file-1", ":", "@", "%3A", "%41", "%", "", "~", "%0a", "admin", "?"])
+    [
+        "files",
+        "batches",
+        "..",
+        ".",
+        "%2e",
+        "%2E",
+        "%2f",
+        "%5c",
+        "%3f",
+        "%23",
+        "%00",
+        "%25",
+        "%252e",
+        "\\",
+        "a",
+        "file-1",
+        ":",
+        "@",
+        "%3A",
+        "%41",
+        "%",
+        "",
+        "~",
+        "%0a",
+        "admin",
+        "?",
+    ]
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.lists(SEGMENT_ALPHABET, min_size=1, max_size=3).map("".join),
-                min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.lists(SEGMENT_ALPHABET, min_size=1, max_size=3).map("".join), min_size=1, max_size=5
+    )
+)
 def test_any_accepted_path_maps_to_one_canonical_url_under_the_base(segments):
     raw = ("/v1/" + "/".join(segments)).encode()
     try:

@@ -21,10 +21,15 @@ from policies.volatile import NOTE_MARKER
 from tests.policies import reference_text_rules as ref
 
 CTX = PolicyContext(endpoint="chat", route_kind="openai", model="gpt-4o", tenant="acme")
-CHAIN = build_chain(DEFAULT_POLICIES, {
-    "SLIM_MINIFY_JSON": "true", "SLIM_DEDUPE_PASSAGES": "true",
-    "CANONICALIZE_VOLATILE": "true", "CANONICALIZE_SORT_PASSAGES": "true",
-})
+CHAIN = build_chain(
+    DEFAULT_POLICIES,
+    {
+        "SLIM_MINIFY_JSON": "true",
+        "SLIM_DEDUPE_PASSAGES": "true",
+        "CANONICALIZE_VOLATILE": "true",
+        "CANONICALIZE_SORT_PASSAGES": "true",
+    },
+)
 BIG = 200_000  # characters of adversarial text per case
 SMALL = 300
 LIMIT_S = 2.0  # generous for a loaded two-core machine; the old rules took minutes
@@ -44,47 +49,136 @@ def _passages_kept(text: str) -> str:
 
 
 CASES = [
-    Case("spaces_then_a_word", "user", lambda n: "a" + " " * n + "b",
-         lambda n: "a" + " " * n + "b", ref.slim_prose),
-    Case("spaces_then_a_line_break", "user", lambda n: "a" + " \t" * (n // 2) + "\nb",
-         lambda n: "a\nb", ref.slim_prose),
-    Case("space_runs_on_every_line", "user", lambda n: "a" + "   \n" * (n // 4) + "b",
-         lambda n: "a\n\n\nb", ref.slim_prose),
-    Case("many_short_space_runs", "user", lambda n: "a " * (n // 2) + "\n",
-         lambda n: ("a " * (n // 2))[:-1] + "\n", ref.slim_prose),
-    Case("line_breaks", "user", lambda n: "a" + "\n" * n + "b",
-         lambda n: "a\n\n\nb", ref.slim_prose),
-    Case("crlf_line_breaks", "user", lambda n: "a" + "\r\n" * (n // 2) + "b",
-         lambda n: "a\r\n\r\n\r\nb", ref.slim_prose),
-    Case("lone_carriage_returns", "user", lambda n: "a" + "\r\r\n" * (n // 3) + " b",
-         lambda n: "a" + "\r\r\n" * (n // 3) + " b", ref.slim_prose),
-    Case("invisibles", "user", lambda n: "a" + " \u200b" * (n // 2) + "\nb",
-         lambda n: "a\nb", ref.slim_prose),
-    Case("fence_lines", "user", lambda n: "```\n" * (n // 8 * 2) + "x  ",
-         lambda n: "```\n" * (n // 8 * 2) + "x", None),
-    Case("backtick_run", "user", lambda n: "`" * n + "  \n\n\n\n\nx",
-         lambda n: "`" * n + "  \n\n\n\n\nx", None),
-    Case("fence_with_a_huge_info_string", "user", lambda n: "```" + "a" * n + "  \n\n\n\n\n",
-         lambda n: "```" + "a" * n + "  \n\n\n\n\n", None),
-    Case("unclosed_passages", "system", lambda n: "<passage>" * (n // 9),
-         lambda n: "<passage>" * (n // 9), _passages_kept),
-    Case("passage_openings_without_a_bracket", "system", lambda n: "<passage " * (n // 9),
-         lambda n: ("<passage " * (n // 9))[:-1], None),
-    Case("passages_closed_once_at_the_end", "system",
-         lambda n: "<passage>x" * (n // 10) + "</passage>",
-         lambda n: "<passage>x" * (n // 10) + "</passage>", _passages_kept),
-    Case("digits_and_spaces", "system", lambda n: "1 " * (n // 2) + "x",
-         lambda n: "1 " * (n // 2) + "x", None),
-    Case("digits_and_dashes", "system", lambda n: "1-" * (n // 2) + "x",
-         lambda n: "1-" * (n // 2) + "x", None),
-    Case("one_long_hex_run", "system", lambda n: "a1" * (n // 2),
-         lambda n: "[id_1]", None),
-    Case("dates_and_clocks", "system", lambda n: "2024-01-05 12:30:45 " * (n // 20) + "x",
-         lambda n: "[time_1] " * (n // 20) + "x", None),
-    Case("a_long_json_string", "tool", lambda n: '["' + "a" * n + '" ,  1]',
-         lambda n: '["' + "a" * n + '",1]', None),
-    Case("json_nested_past_the_parser_limit", "tool", lambda n: "[" * (n // 2) + "]" * (n // 2),
-         lambda n: "[" * (n // 2) + "]" * (n // 2), None),
+    Case(
+        "spaces_then_a_word",
+        "user",
+        lambda n: "a" + " " * n + "b",
+        lambda n: "a" + " " * n + "b",
+        ref.slim_prose,
+    ),
+    Case(
+        "spaces_then_a_line_break",
+        "user",
+        lambda n: "a" + " \t" * (n // 2) + "\nb",
+        lambda n: "a\nb",
+        ref.slim_prose,
+    ),
+    Case(
+        "space_runs_on_every_line",
+        "user",
+        lambda n: "a" + "   \n" * (n // 4) + "b",
+        lambda n: "a\n\n\nb",
+        ref.slim_prose,
+    ),
+    Case(
+        "many_short_space_runs",
+        "user",
+        lambda n: "a " * (n // 2) + "\n",
+        lambda n: ("a " * (n // 2))[:-1] + "\n",
+        ref.slim_prose,
+    ),
+    Case(
+        "line_breaks", "user", lambda n: "a" + "\n" * n + "b", lambda n: "a\n\n\nb", ref.slim_prose
+    ),
+    Case(
+        "crlf_line_breaks",
+        "user",
+        lambda n: "a" + "\r\n" * (n // 2) + "b",
+        lambda n: "a\r\n\r\n\r\nb",
+        ref.slim_prose,
+    ),
+    Case(
+        "lone_carriage_returns",
+        "user",
+        lambda n: "a" + "\r\r\n" * (n // 3) + " b",
+        lambda n: "a" + "\r\r\n" * (n // 3) + " b",
+        ref.slim_prose,
+    ),
+    Case(
+        "invisibles",
+        "user",
+        lambda n: "a" + " \u200b" * (n // 2) + "\nb",
+        lambda n: "a\nb",
+        ref.slim_prose,
+    ),
+    Case(
+        "fence_lines",
+        "user",
+        lambda n: "```\n" * (n // 8 * 2) + "x  ",
+        lambda n: "```\n" * (n // 8 * 2) + "x",
+        None,
+    ),
+    Case(
+        "backtick_run",
+        "user",
+        lambda n: "`" * n + "  \n\n\n\n\nx",
+        lambda n: "`" * n + "  \n\n\n\n\nx",
+        None,
+    ),
+    Case(
+        "fence_with_a_huge_info_string",
+        "user",
+        lambda n: "```" + "a" * n + "  \n\n\n\n\n",
+        lambda n: "```" + "a" * n + "  \n\n\n\n\n",
+        None,
+    ),
+    Case(
+        "unclosed_passages",
+        "system",
+        lambda n: "<passage>" * (n // 9),
+        lambda n: "<passage>" * (n // 9),
+        _passages_kept,
+    ),
+    Case(
+        "passage_openings_without_a_bracket",
+        "system",
+        lambda n: "<passage " * (n // 9),
+        lambda n: ("<passage " * (n // 9))[:-1],
+        None,
+    ),
+    Case(
+        "passages_closed_once_at_the_end",
+        "system",
+        lambda n: "<passage>x" * (n // 10) + "</passage>",
+        lambda n: "<passage>x" * (n // 10) + "</passage>",
+        _passages_kept,
+    ),
+    Case(
+        "digits_and_spaces",
+        "system",
+        lambda n: "1 " * (n // 2) + "x",
+        lambda n: "1 " * (n // 2) + "x",
+        None,
+    ),
+    Case(
+        "digits_and_dashes",
+        "system",
+        lambda n: "1-" * (n // 2) + "x",
+        lambda n: "1-" * (n // 2) + "x",
+        None,
+    ),
+    Case("one_long_hex_run", "system", lambda n: "a1" * (n // 2), lambda n: "[id_1]", None),
+    Case(
+        "dates_and_clocks",
+        "system",
+        lambda n: "2024-01-05 12:30:45 " * (n // 20) + "x",
+        lambda n: "[time_1] " * (n // 20) + "x",
+        None,
+    ),
+    Case(
+        "a_long_json_string",
+        "tool",
+        lambda n: '["' + "a" * n + '" ,  1]',
+        lambda n: '["' + "a" * n + '",1]',
+        None,
+    ),
+    Case(
+        "json_nested_past_the_parser_limit",
+        "tool",
+        lambda n: "[" * (n // 2) + "]" * (n // 2),
+        lambda n: "[" * (n // 2) + "]" * (n // 2),
+        None,
+    ),
 ]
 
 
@@ -92,9 +186,11 @@ def _body(case: Case, text: str) -> dict:
     messages: list[dict] = []
     if case.role == "tool":
         call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        messages += [{"role": "user", "content": "go"},
-                     {"role": "assistant", "content": None, "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": "c1", "content": text}]
+        messages += [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": text},
+        ]
     else:
         messages.append({"role": case.role, "content": text})
     messages.append({"role": "user", "content": "question"})

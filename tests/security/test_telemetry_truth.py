@@ -42,7 +42,8 @@ def _chat(gw, key: str, n: int) -> None:
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
     for _ in range(n):
         reply = client.chat.completions.create(
-            model="mock-1", messages=[{"role": "user", "content": "hi"}])
+            model="mock-1", messages=[{"role": "user", "content": "hi"}]
+        )
         assert reply.choices[0].message.content
 
 
@@ -52,11 +53,17 @@ def _count(gw, key: str) -> int:
     return sum(route["count"] for route in r.json()["routes"])
 
 
-def test_planted_wrong_types_cost_only_themselves(prefix, mock_upstream, make_gateway,
-                                                 tenant_settings, caplog):
+def test_planted_wrong_types_cost_only_themselves(
+    prefix, mock_upstream, make_gateway, tenant_settings, caplog
+):
     # `prefix` first: its clean-up then runs after the gateway's last flush at shutdown.
-    gw = make_gateway([openai_route(mock_upstream)], redis_url=REDIS_URL,
-                      metrics_key_prefix=prefix, policies="none", **tenant_settings)
+    gw = make_gateway(
+        [openai_route(mock_upstream)],
+        redis_url=REDIS_URL,
+        metrics_key_prefix=prefix,
+        policies="none",
+        **tenant_settings,
+    )
     planted = redis.Redis.from_url(REDIS_URL)
     keys = KeySpace(prefix)
     now = minute_of(time.time())
@@ -86,15 +93,17 @@ def test_planted_wrong_types_cost_only_themselves(prefix, mock_upstream, make_ga
     planted.close()
 
 
-def test_unreachable_redis_degrades_telemetry_while_requests_flow(mock_upstream, make_gateway,
-                                                                 tenant_settings):
+def test_unreachable_redis_degrades_telemetry_while_requests_flow(
+    mock_upstream, make_gateway, tenant_settings
+):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server not installed")
     server = PrivateRedis(free_port())
     server.start()
     try:
-        gw = make_gateway([openai_route(mock_upstream)], redis_url=server.url,
-                          policies="none", **tenant_settings)
+        gw = make_gateway(
+            [openai_route(mock_upstream)], redis_url=server.url, policies="none", **tenant_settings
+        )
         _chat(gw, TENANT_A_KEY, 2)
         assert gw.gateway.telemetry.health()["state"] == "ok"
         server.kill()

@@ -14,10 +14,14 @@ import pytest
 import redis
 
 from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
-
 from gateway.errors import GatewayError
-from gateway.ownership import (MemoryRecords, Ownership, RedisRecords, find_references,
-                               might_reference)
+from gateway.ownership import (
+    MemoryRecords,
+    Ownership,
+    RedisRecords,
+    find_references,
+    might_reference,
+)
 from gateway.passthrough_relay import created_ids
 from tests.gateway.conftest import openai_route
 from tests.local_servers import PrivateRedis, free_port
@@ -59,12 +63,11 @@ def seen_with(mock_upstream, needle: str) -> list[str]:
     for r in mock_upstream.mock.requests:
         body = r["body"] if isinstance(r["body"], bytes) else str(r["body"]).encode()
         if needle in r["path"] or needle.encode() in body:
-            out.append(f'{r.get("method", "POST")} {r["path"]}')
+            out.append(f"{r.get('method', 'POST')} {r['path']}")
     return out
 
 
-def test_files_belong_to_the_tenant_that_uploaded_them(mock_upstream, make_gateway,
-                                                       store_settings):
+def test_files_belong_to_the_tenant_that_uploaded_them(mock_upstream, make_gateway, store_settings):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
     a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
     fa = a.files.create(file=("a.jsonl", b'{"secret": "acme"}\n'), purpose="batch")
@@ -90,21 +93,26 @@ def test_files_belong_to_the_tenant_that_uploaded_them(mock_upstream, make_gatew
     assert a.files.delete(fa.id).deleted
     with pytest.raises(openai.NotFoundError):  # the record went with the object
         a.files.retrieve(fa.id)
-    assert seen_with(mock_upstream, fa.id) == [f"GET /v1/files/{fa.id}/content",
-                                               f"DELETE /v1/files/{fa.id}"]
+    assert seen_with(mock_upstream, fa.id) == [
+        f"GET /v1/files/{fa.id}/content",
+        f"DELETE /v1/files/{fa.id}",
+    ]
 
 
-def test_batches_and_their_output_files_belong_to_their_tenant(mock_upstream, make_gateway,
-                                                               store_settings):
+def test_batches_and_their_output_files_belong_to_their_tenant(
+    mock_upstream, make_gateway, store_settings
+):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
     a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
     fa = a.files.create(file=("in.jsonl", b'{"custom_id": "1"}\n'), purpose="batch")
     with pytest.raises(openai.NotFoundError):
-        b.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions",
-                         completion_window="24h")
+        b.batches.create(
+            input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
     assert not any(r["path"] == "/v1/batches" for r in mock_upstream.mock.requests)
-    batch = a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions",
-                             completion_window="24h")
+    batch = a.batches.create(
+        input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     for call in (b.batches.retrieve, b.batches.cancel):
         with pytest.raises(openai.NotFoundError):
             call(batch.id)
@@ -146,14 +154,18 @@ def test_stored_responses_belong_to_their_tenant(mock_upstream, make_gateway, st
     assert b.responses.create(model="mock-1", input="x", metadata={"file_id": "mine"}).id
 
 
-def test_an_unreachable_ownership_store_fails_object_requests_closed(mock_upstream,
-                                                                     make_gateway,
-                                                                     tenant_settings):
+def test_an_unreachable_ownership_store_fails_object_requests_closed(
+    mock_upstream, make_gateway, tenant_settings
+):
     private = PrivateRedis(free_port())
     private.start()
     try:
-        gw = make_gateway([openai_route(mock_upstream)], **tenant_settings,
-                          redis_url=private.url, metrics_key_prefix="fttest-down")
+        gw = make_gateway(
+            [openai_route(mock_upstream)],
+            **tenant_settings,
+            redis_url=private.url,
+            metrics_key_prefix="fttest-down",
+        )
         a = sdk(gw, TENANT_A_KEY)
         fa = a.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
     finally:
@@ -176,8 +188,7 @@ def test_open_mode_records_and_checks_nothing(mock_upstream, make_gateway):
     assert other.files.retrieve(created.id).id == created.id
 
 
-def test_account_wide_writes_are_not_open_to_tenants(mock_upstream, make_gateway,
-                                                     tenant_settings):
+def test_account_wide_writes_are_not_open_to_tenants(mock_upstream, make_gateway, tenant_settings):
     gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)
     with pytest.raises(openai.NotFoundError):
         sdk(gw, TENANT_A_KEY).models.delete("ft:gpt-4o-mini:org:custom:abc")
@@ -186,12 +197,23 @@ def test_account_wide_writes_are_not_open_to_tenants(mock_upstream, make_gateway
 
 # -- the ownership API itself (the chat hot path calls check_references) ---------------------
 
+
 def test_check_references_finds_ids_by_key_anywhere_in_the_body():
-    body = {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "file_id is just text here"},
-        {"type": "file", "file": {"file_id": "file-b"}}]}],
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "file_id is just text here"},
+                    {"type": "file", "file": {"file_id": "file-b"}},
+                ],
+            }
+        ],
         "tools": [{"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]}],
-        "conversation": {"id": "conv_1"}, "metadata": {"file_id": "not-a-reference"}}
+        "conversation": {"id": "conv_1"},
+        "metadata": {"file_id": "not-a-reference"},
+    }
     assert sorted(find_references(body)) == ["conv_1", "file-b", "vs_1", "vs_2"]
     with pytest.raises(GatewayError) as caught:
         find_references({"x": [[0] * 1000] * 300})
@@ -200,8 +222,14 @@ def test_check_references_finds_ids_by_key_anywhere_in_the_body():
 
 def test_might_reference_is_a_safe_prefilter():
     assert not might_reference(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')
-    for raw in (b'{"file_id":"x"}', b'{"training_file":"x"}', b'{"file_ids":["x"]}',
-                b'{"conversation":"c"}', b'{"container":"c"}', b'{"file\\u005fid":"x"}'):
+    for raw in (
+        b'{"file_id":"x"}',
+        b'{"training_file":"x"}',
+        b'{"file_ids":["x"]}',
+        b'{"conversation":"c"}',
+        b'{"container":"c"}',
+        b'{"file\\u005fid":"x"}',
+    ):
         assert might_reference(raw), raw
 
 
@@ -214,11 +242,15 @@ def test_check_references_is_per_tenant(backend):
             if not redis_up():
                 pytest.skip("no Redis at 127.0.0.1:6379")
             import redis.asyncio as aioredis
+
             prefix = f"fttest-own-{uuid.uuid4().hex[:8]}"
             client = aioredis.Redis.from_url(REDIS_URL)
             ownership = Ownership(RedisRecords(client, prefix))
-        body = {"messages": [{"role": "user", "content": [
-            {"type": "file", "file": {"file_id": "file-a1"}}]}]}
+        body = {
+            "messages": [
+                {"role": "user", "content": [{"type": "file", "file": {"file_id": "file-a1"}}]}
+            ]
+        }
         try:
             with pytest.raises(GatewayError) as caught:
                 await ownership.check_references("acme", body)
@@ -243,7 +275,11 @@ def test_memory_records_are_bounded_per_tenant():
         await records.put("acme", [f"file-{i}" for i in range(5)], "r", None)
         await records.put("globex", ["file-g"], "r", None)
         assert await records.get("acme", ["file-0", "file-1", "file-2", "file-4"]) == [
-            None, None, "r", "r"]
+            None,
+            None,
+            "r",
+            "r",
+        ]
         assert await records.get("globex", ["file-g"]) == ["r"]
         small = MemoryRecords(max_objects=1000, max_bytes=500)
         await small.put("acme", ["x" * 200, "y" * 200, "z" * 200], "r", None)
@@ -252,33 +288,47 @@ def test_memory_records_are_bounded_per_tenant():
     asyncio.run(run())
 
 
-def test_no_content_type_trick_skips_the_reference_check(mock_upstream, make_gateway,
-                                                         tenant_settings):
+def test_no_content_type_trick_skips_the_reference_check(
+    mock_upstream, make_gateway, tenant_settings
+):
     gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)
     ra = sdk(gw, TENANT_A_KEY).responses.create(model="mock-1", input="acme only")
     body = orjson.dumps({"model": "mock-1", "input": "x", "previous_response_id": ra.id})
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/jsonl"):
-        resp = httpx.post(gw.url + "/v1/responses", content=body, timeout=10,
-                          headers={**auth(TENANT_B_KEY), "content-type": content_type})
+        resp = httpx.post(
+            gw.url + "/v1/responses",
+            content=body,
+            timeout=10,
+            headers={**auth(TENANT_B_KEY), "content-type": content_type},
+        )
         assert resp.status_code == 404, content_type
-    resp = httpx.post(gw.url + "/v1/batches", timeout=10, headers=auth(TENANT_B_KEY),
-                      files={"input_file_id": (None, ra.id)})
+    resp = httpx.post(
+        gw.url + "/v1/batches",
+        timeout=10,
+        headers=auth(TENANT_B_KEY),
+        files={"input_file_id": (None, ra.id)},
+    )
     assert resp.status_code == 415
     assert seen_with(mock_upstream, ra.id) == []
 
 
-def test_an_object_is_read_through_the_route_that_created_it(mock_upstream, make_gateway,
-                                                             tenant_settings):
+def test_an_object_is_read_through_the_route_that_created_it(
+    mock_upstream, make_gateway, tenant_settings
+):
     second = MockUpstream(MockBehaviour())
     with ThreadedServer(second) as other:
-        routes = [openai_route(mock_upstream),
-                  openai_route(other, name="second", models=["other-*"])]
+        routes = [
+            openai_route(mock_upstream),
+            openai_route(other, name="second", models=["other-*"]),
+        ]
         gw = make_gateway(routes, **tenant_settings)
         a = sdk(gw, TENANT_A_KEY)
         created = a.responses.create(model="other-1", input="hi")
         assert a.responses.retrieve(created.id).id == created.id
-        assert [r["path"] for r in second.requests] == ["/v1/responses",
-                                                        f"/v1/responses/{created.id}"]
+        assert [r["path"] for r in second.requests] == [
+            "/v1/responses",
+            f"/v1/responses/{created.id}",
+        ]
     assert mock_upstream.mock.requests == []
 
 
@@ -286,25 +336,37 @@ def test_streamed_creates_name_their_ids():
     response = orjson.dumps({"type": "response.created", "response": {"id": "resp_1"}})
     assert created_ids("response.created", response) == ["resp_1"]
     assert created_ids("thread.created", b'{"id": "thread_1", "created_at": 1}') == ["thread_1"]
-    assert created_ids("thread.run.created",
-                       b'{"id": "run_1", "thread_id": "thread_2", "created_at": 1}') == ["thread_2"]
+    assert created_ids(
+        "thread.run.created", b'{"id": "run_1", "thread_id": "thread_2", "created_at": 1}'
+    ) == ["thread_2"]
     assert created_ids("response.output_text.delta", b'{"delta": "created"}') == []
     assert created_ids(None, b"[DONE]") == []
 
 
-def test_a_chat_file_part_must_name_the_tenants_own_file(mock_upstream, make_gateway,
-                                                          store_settings):
+def test_a_chat_file_part_must_name_the_tenants_own_file(
+    mock_upstream, make_gateway, store_settings
+):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
     a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
     fa = a.files.create(file=("a.pdf", b"%PDF-1.4 acme"), purpose="user_data")
 
     def ask(client: openai.OpenAI):
-        return client.chat.completions.create(model="mock-1", messages=[{"role": "user", "content": [
-            {"type": "file", "file": {"file_id": fa.id}},
-            {"type": "text", "text": "summarise"}]}])
+        return client.chat.completions.create(
+            model="mock-1",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "file", "file": {"file_id": fa.id}},
+                        {"type": "text", "text": "summarise"},
+                    ],
+                }
+            ],
+        )
 
     with pytest.raises(openai.NotFoundError):
         ask(b)
-    assert [r["path"] for r in mock_upstream.mock.requests
-            if r["path"] == "/v1/chat/completions"] == []   # B's request never went upstream
-    assert ask(a).choices                                    # A's own file is fine
+    assert [
+        r["path"] for r in mock_upstream.mock.requests if r["path"] == "/v1/chat/completions"
+    ] == []  # B's request never went upstream
+    assert ask(a).choices  # A's own file is fine

@@ -15,7 +15,8 @@ import httpx
 import openai
 import orjson
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from gateway.routes import Route
 from gateway.sse import EventTooLarge, SSEParser
@@ -23,10 +24,19 @@ from gateway.upstreams import CallContext, UpstreamError
 from gateway.upstreams.anthropic_format import TranslationError, to_anthropic_request
 from gateway.upstreams.openai import OpenAIUpstream
 from tests.security.conftest import UPSTREAM_KEY
-from tests.security.hostile_upstream import (DONE, HostileServer, anthropic_event,
-                                             anthropic_stream, chunk, completion, endless_answer,
-                                             json_answer, openai_stream, redirect_answer,
-                                             sse_answer)
+from tests.security.hostile_upstream import (
+    DONE,
+    HostileServer,
+    anthropic_event,
+    anthropic_stream,
+    chunk,
+    completion,
+    endless_answer,
+    json_answer,
+    openai_stream,
+    redirect_answer,
+    sse_answer,
+)
 
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "secret prompt"}]}
 STREAM = {**CHAT, "stream": True}
@@ -47,21 +57,34 @@ def witness():
 
 
 def openai_to(server: HostileServer, **extra) -> dict:
-    return {"name": "hostile", "models": ["gpt-*"], "kind": "openai",
-            "base_url": server.base_url, "api_key_env": "MOCK_KEY", **extra}
+    return {
+        "name": "hostile",
+        "models": ["gpt-*"],
+        "kind": "openai",
+        "base_url": server.base_url,
+        "api_key_env": "MOCK_KEY",
+        **extra,
+    }
 
 
 def anthropic_to(server: HostileServer, **extra) -> dict:
-    return {"name": "claude", "models": ["claude-*"], "kind": "anthropic",
-            "base_url": server.base_url, "api_key_env": "MOCK_KEY", **extra}
+    return {
+        "name": "claude",
+        "models": ["claude-*"],
+        "kind": "anthropic",
+        "base_url": server.base_url,
+        "api_key_env": "MOCK_KEY",
+        **extra,
+    }
 
 
 def post(gw, body: dict, path: str = "/v1/chat/completions", timeout: float = 20) -> httpx.Response:
     return httpx.post(gw.url + path, json=body, timeout=timeout)
 
 
-def stream_payloads(gw, body: dict = STREAM,
-                    timeout: float = 20) -> tuple[httpx.Response, list[str]]:
+def stream_payloads(
+    gw, body: dict = STREAM, timeout: float = 20
+) -> tuple[httpx.Response, list[str]]:
     """The `data:` payloads of a streamed answer, in order (comments left out)."""
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=timeout) as r:
         text = r.read().decode()
@@ -82,8 +105,10 @@ def assert_clean_end(payloads: list[str], *, error: bool) -> None:
         assert set(last) == {"error"} and last["error"]["message"]
     else:
         assert "error" not in last
-        assert any(orjson.loads(p).get("choices") and orjson.loads(p)["choices"][0].get(
-            "finish_reason") for p in payloads[:-1])
+        assert any(
+            orjson.loads(p).get("choices") and orjson.loads(p)["choices"][0].get("finish_reason")
+            for p in payloads[:-1]
+        )
 
 
 def text_of(payloads: list[str]) -> str:
@@ -121,13 +146,17 @@ def metric(gw, name: str, **labels: str) -> float:
 # --- redirects are never followed -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", CHAT),
-    ("/v1/chat/completions", STREAM),
-    ("/v1/completions", {"model": "gpt-x", "prompt": "secret prompt"}),
-])
-def test_redirect_is_an_upstream_error_and_the_prompt_stays_home(hostile, witness, make_gateway,
-                                                                  path, body):
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/chat/completions", STREAM),
+        ("/v1/completions", {"model": "gpt-x", "prompt": "secret prompt"}),
+    ],
+)
+def test_redirect_is_an_upstream_error_and_the_prompt_stays_home(
+    hostile, witness, make_gateway, path, body
+):
     hostile.upstream.handler = redirect_answer(witness.origin + "/v1/chat/completions")
     gw = make_gateway([openai_to(hostile)])
     r = post(gw, body, path)
@@ -233,9 +262,13 @@ def test_oversized_event_mid_stream_ends_with_error_then_done(hostile, make_gate
 @pytest.mark.parametrize("declared", [False, True])
 def test_oversized_body_is_a_502_and_the_connection_is_dropped(hostile, make_gateway, declared):
     total = 48 * 1024 * 1024
-    hostile.upstream.handler = endless_answer(b'{"junk": "', b"x" * 65536, total,
-                                              content_type="application/json",
-                                              length=total if declared else None)
+    hostile.upstream.handler = endless_answer(
+        b'{"junk": "',
+        b"x" * 65536,
+        total,
+        content_type="application/json",
+        length=total if declared else None,
+    )
     gw = make_gateway([openai_to(hostile)], max_response_bytes=1024 * 1024)
     r = post(gw, CHAT)
     assert r.status_code == 502
@@ -250,11 +283,17 @@ BAD_USAGE = [
     {"prompt_tokens": 7, "completion_tokens": "abc"},
     {"prompt_tokens": 7, "completion_tokens": -5},
     {"prompt_tokens": 7, "completion_tokens": 2.5, "total_tokens": "x"},
-    {"prompt_tokens": 7, "completion_tokens": {"deep": [1, {"x": None}]},
-     "prompt_tokens_details": "nope"},
-    {"prompt_tokens": 7, "completion_tokens": 2 ** 62, "prompt_tokens_details": [1]},
-    {"prompt_tokens": 7, "completion_tokens": True,
-     "prompt_tokens_details": {"cached_tokens": "lots"}},
+    {
+        "prompt_tokens": 7,
+        "completion_tokens": {"deep": [1, {"x": None}]},
+        "prompt_tokens_details": "nope",
+    },
+    {"prompt_tokens": 7, "completion_tokens": 2**62, "prompt_tokens_details": [1]},
+    {
+        "prompt_tokens": 7,
+        "completion_tokens": True,
+        "prompt_tokens_details": {"cached_tokens": "lots"},
+    },
 ]
 
 
@@ -275,10 +314,17 @@ def test_malformed_usage_never_fails_the_request(hostile, make_gateway, usage):
 
 
 def test_malformed_anthropic_usage_is_ignored_field_by_field(hostile, make_gateway):
-    hostile.upstream.handler = json_answer({
-        "id": "msg_h", "type": "message", "role": "assistant", "model": "m",
-        "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
-        "usage": {"input_tokens": 4, "output_tokens": "abc", "cache_read_input_tokens": [1]}})
+    hostile.upstream.handler = json_answer(
+        {
+            "id": "msg_h",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": [{"type": "text", "text": "hi"}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 4, "output_tokens": "abc", "cache_read_input_tokens": [1]},
+        }
+    )
     gw = make_gateway([anthropic_to(hostile)])
     r = post(gw, CLAUDE)
     assert r.status_code == 200
@@ -291,15 +337,17 @@ def test_malformed_anthropic_usage_is_ignored_field_by_field(hostile, make_gatew
 HTML = b"<html><body>Welcome to the hotel wifi</body></html>"
 
 
-@pytest.mark.parametrize("body,answer", [
-    (CHAT, json_answer(HTML, content_type="text/html")),
-    (STREAM, json_answer(HTML, content_type="text/html")),
-    (CHAT, json_answer(b"[1, 2]")),
-    (CHAT, json_answer(b"not json at all")),
-    (STREAM, json_answer(completion())),  # a server that ignored "stream"
-])
-def test_wrong_shape_200_is_a_retried_502_recorded_as_an_error(hostile, make_gateway, body,
-                                                                answer):
+@pytest.mark.parametrize(
+    "body,answer",
+    [
+        (CHAT, json_answer(HTML, content_type="text/html")),
+        (STREAM, json_answer(HTML, content_type="text/html")),
+        (CHAT, json_answer(b"[1, 2]")),
+        (CHAT, json_answer(b"not json at all")),
+        (STREAM, json_answer(completion())),  # a server that ignored "stream"
+    ],
+)
+def test_wrong_shape_200_is_a_retried_502_recorded_as_an_error(hostile, make_gateway, body, answer):
     hostile.upstream.handler = answer
     gw = make_gateway([openai_to(hostile)], retry_attempts=2)
     r = post(gw, body)
@@ -324,7 +372,7 @@ def test_html_200_on_anthropic_route_is_a_502(hostile, make_gateway):
 def test_stream_without_done_gets_one(hostile, make_gateway):
     hostile.upstream.handler = sse_answer(openai_stream("all here", done=False))
     gw = make_gateway([openai_to(hostile)])
-    r, payloads = stream_payloads(gw)
+    _r, payloads = stream_payloads(gw)
     assert text_of(payloads) == "all here"
     assert_clean_end(payloads, error=False)
 
@@ -333,7 +381,7 @@ def test_stream_without_done_gets_one(hostile, make_gateway):
 def test_stream_cut_mid_answer_ends_with_error_then_done(hostile, make_gateway, then):
     hostile.upstream.handler = sse_answer([chunk(""), chunk("half")], then=then)
     gw = make_gateway([openai_to(hostile)])
-    r, payloads = stream_payloads(gw)
+    _r, payloads = stream_payloads(gw)
     assert text_of(payloads) == "half"
     assert_clean_end(payloads, error=True)
     assert wait_for(lambda: metric(gw, "firsttoken_requests_total", status="upstream_error") == 1)
@@ -342,33 +390,34 @@ def test_stream_cut_mid_answer_ends_with_error_then_done(hostile, make_gateway, 
 def test_stream_timeout_mid_answer_ends_with_error_then_done(hostile, make_gateway):
     hostile.upstream.handler = sse_answer([chunk(""), chunk("slow")], then="hang")
     gw = make_gateway([openai_to(hostile, timeout_s=0.8)])
-    r, payloads = stream_payloads(gw)
+    _r, payloads = stream_payloads(gw)
     assert text_of(payloads) == "slow"
     assert_clean_end(payloads, error=True)
     assert orjson.loads(payloads[-2])["error"]["type"] == "timeout_error"
 
 
 def test_nothing_after_done_is_read_or_forwarded(hostile, make_gateway):
-    events = openai_stream("the end") + [chunk("smuggled"), b"data: <script>\n\n"]
+    events = [*openai_stream("the end"), chunk("smuggled"), b"data: <script>\n\n"]
     hostile.upstream.handler = sse_answer(events, then="hang")
     gw = make_gateway([openai_to(hostile)])
     started = time.perf_counter()
-    r, payloads = stream_payloads(gw)
+    _r, payloads = stream_payloads(gw)
     assert time.perf_counter() - started < 5  # did not wait for the upstream to hang up
     assert text_of(payloads) == "the end" and "smuggled" not in str(payloads)
     assert_clean_end(payloads, error=False)
     assert wait_for(lambda: hostile.upstream.disconnects)
 
 
-@pytest.mark.parametrize("bad", [b"data: <html>oops</html>\n\n", b"data: {not json}\n\n",
-                                 b"data: [1, 2]\n\n"])
+@pytest.mark.parametrize(
+    "bad", [b"data: <html>oops</html>\n\n", b"data: {not json}\n\n", b"data: [1, 2]\n\n"]
+)
 def test_malformed_event_becomes_error_then_done(hostile, make_gateway, bad):
     # Apart in time: a brace-shaped bad event is only found after it went out (events are
     # written before they are parsed), so what shares its read has gone out with it.
     events = [chunk(""), chunk("before"), bad, chunk("after"), chunk(finish="stop"), DONE]
     hostile.upstream.handler = sse_answer(events, then="hang", gap_s=0.05)
     gw = make_gateway([openai_to(hostile)])
-    r, payloads = stream_payloads(gw)
+    _r, payloads = stream_payloads(gw)
     assert "after" not in str(payloads) and "<html>" not in str(payloads)
     assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
     assert set(orjson.loads(payloads[-2])) == {"error"}
@@ -382,33 +431,43 @@ def test_malformed_event_becomes_error_then_done(hostile, make_gateway, bad):
     assert seen == "before"
 
 
-def test_anthropic_stream_closed_before_message_stop_ends_with_error_then_done(hostile,
-                                                                               make_gateway):
+def test_anthropic_stream_closed_before_message_stop_ends_with_error_then_done(
+    hostile, make_gateway
+):
     hostile.upstream.handler = sse_answer(anthropic_stream("cut short", stop=False))
     gw = make_gateway([anthropic_to(hostile)])
-    r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
+    _r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert text_of(payloads) == "cut short"
     assert_clean_end(payloads, error=True)
 
 
 def test_anthropic_events_after_message_stop_are_not_read(hostile, make_gateway):
-    events = anthropic_stream("done now") + [anthropic_event("content_block_delta", {
-        "index": 0, "delta": {"type": "text_delta", "text": "smuggled"}})]
+    events = [
+        *anthropic_stream("done now"),
+        anthropic_event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "smuggled"}}
+        ),
+    ]
     hostile.upstream.handler = sse_answer(events, then="hang")
     gw = make_gateway([anthropic_to(hostile)])
-    r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
+    _r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert text_of(payloads) == "done now"
     assert_clean_end(payloads, error=False)
     assert wait_for(lambda: hostile.upstream.disconnects)
 
 
-@pytest.mark.parametrize("bad", [b"data: nope\n\n", b'event: message_start\ndata: {"type": '
-                                 b'"message_start", "message": {"usage": [1]}}\n\n',
-                                 b'data: {"type": "content_block_start", "index": [1], '
-                                 b'"content_block": {"type": "tool_use"}}\n\n'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"data: nope\n\n",
+        b'event: message_start\ndata: {"type": "message_start", "message": {"usage": [1]}}\n\n',
+        b'data: {"type": "content_block_start", "index": [1], '
+        b'"content_block": {"type": "tool_use"}}\n\n',
+    ],
+)
 def test_malformed_anthropic_event_ends_with_error_then_done(hostile, make_gateway, bad):
     events = anthropic_stream("x y")
-    hostile.upstream.handler = sse_answer(events[:3] + [bad] + events[3:])
+    hostile.upstream.handler = sse_answer([*events[:3], bad, *events[3:]])
     gw = make_gateway([anthropic_to(hostile)])
     r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert r.status_code == 200
@@ -428,8 +487,17 @@ RATE = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-tokens": "6m0s
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_and_rate_limits_pass_through_on_429_and_503(hostile, make_gateway, status):
     hostile.upstream.handler = json_answer(
-        {"error": {"message": "slow down", "type": "rate_limit_error", "param": None,
-                   "code": None}}, status=status, headers={"retry-after": "30", **RATE})
+        {
+            "error": {
+                "message": "slow down",
+                "type": "rate_limit_error",
+                "param": None,
+                "code": None,
+            }
+        },
+        status=status,
+        headers={"retry-after": "30", **RATE},
+    )
     gw = make_gateway([openai_to(hostile)], retry_attempts=1)
     for body in (CHAT, STREAM):
         r = post(gw, body)
@@ -454,8 +522,9 @@ def test_anthropic_rate_limit_headers_on_success(hostile, make_gateway):
     rate = {"anthropic-ratelimit-requests-remaining": "41"}
     hostile.upstream.handler = sse_answer(anthropic_stream("hi"), headers=rate)
     gw = make_gateway([anthropic_to(hostile)])
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CLAUDE, "stream": True},
-                      timeout=20) as r:
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json={**CLAUDE, "stream": True}, timeout=20
+    ) as r:
         r.read()
     assert r.headers["anthropic-ratelimit-requests-remaining"] == "41"
 
@@ -465,8 +534,9 @@ def test_anthropic_rate_limit_headers_on_success(hostile, make_gateway):
 
 def test_first_token_deadline_past_keepalive_is_a_clean_504(hostile, make_gateway):
     hostile.upstream.handler = sse_answer([], then="hang")  # a 200, then never an event
-    gw = make_gateway([openai_to(hostile)], keepalive_s=0.2, first_token_timeout_s=1,
-                      retry_attempts=1)
+    gw = make_gateway(
+        [openai_to(hostile)], keepalive_s=0.2, first_token_timeout_s=1, retry_attempts=1
+    )
     started = time.perf_counter()
     r = post(gw, STREAM)
     assert r.status_code == 504
@@ -498,8 +568,9 @@ def test_body_orjson_cannot_encode_is_a_400_never_sent_nor_retried(hostile):
     deep: object = "x"
     for _ in range(300):
         deep = [deep]
-    upstream = OpenAIUpstream(Route(name="h", models=("*",), kind="openai",
-                                    base_url=hostile.base_url), api_key="k")
+    upstream = OpenAIUpstream(
+        Route(name="h", models=("*",), kind="openai", base_url=hostile.base_url), api_key="k"
+    )
     ctx = CallContext("chat", "t", "m", "r1")
 
     async def call() -> UpstreamError:
@@ -520,10 +591,17 @@ def test_body_orjson_cannot_encode_is_a_400_never_sent_nor_retried(hostile):
 def test_too_deep_body_through_the_gateway_is_a_400(hostile, make_gateway):
     gw = make_gateway([openai_to(hostile)])
     deep = "[" * 300 + "]" * 300
-    raw = b'{"model": "gpt-x", "messages": [{"role": "user", "content": "x"}], "x": ' + \
-        deep.encode() + b"}"
-    r = httpx.post(gw.url + "/v1/chat/completions", content=raw,
-                   headers={"content-type": "application/json"}, timeout=20)
+    raw = (
+        b'{"model": "gpt-x", "messages": [{"role": "user", "content": "x"}], "x": '
+        + deep.encode()
+        + b"}"
+    )
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=20,
+    )
     assert r.status_code == 400
     assert hostile.upstream.posts() == []
 
@@ -531,46 +609,85 @@ def test_too_deep_body_through_the_gateway_is_a_400(hostile, make_gateway):
 # --- the Anthropic translator: only TranslationError, whatever the shapes --------------------
 
 
-BASE = {"model": "x", "messages": [
-    {"role": "system", "content": [{"type": "text", "text": "s", "cache_control": {"type": "e"}}]},
-    {"role": "user", "content": [
-        {"type": "text", "text": "hi"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
-        {"type": "file", "file": {"file_data": "data:application/pdf;base64,AA"}}],
-     "cache_control": {"type": "e"}},
-    {"role": "assistant", "content": "a", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r"}]},
-    {"role": "user", "content": "q"}],
-    "tools": [{"type": "function", "function": {"name": "f", "description": "d",
-                                                "parameters": {"type": "object"}}}],
+BASE = {
+    "model": "x",
+    "messages": [
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "s", "cache_control": {"type": "e"}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,AA"}},
+            ],
+            "cache_control": {"type": "e"},
+        },
+        {
+            "role": "assistant",
+            "content": "a",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r"}]},
+        {"role": "user", "content": "q"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": "d", "parameters": {"type": "object"}},
+        }
+    ],
     "tool_choice": {"type": "function", "function": {"name": "f"}},
-    "parallel_tool_calls": False, "stop": ["x"], "temperature": 0.5, "top_p": 0.9,
-    "max_tokens": 10, "n": 1, "response_format": {"type": "text"}, "user": "u", "stream": True}
+    "parallel_tool_calls": False,
+    "stop": ["x"],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "max_tokens": 10,
+    "n": 1,
+    "response_format": {"type": "text"},
+    "user": "u",
+    "stream": True,
+}
 
 
 def _paths(obj: object, prefix: tuple = ()) -> list[tuple]:
     out = [prefix] if prefix else []
     if isinstance(obj, dict):
         for key, value in obj.items():
-            out += _paths(value, prefix + (key,))
+            out += _paths(value, (*prefix, key))
     elif isinstance(obj, list):
         for i, value in enumerate(obj):
-            out += _paths(value, prefix + (i,))
+            out += _paths(value, (*prefix, i))
     return out
 
 
-_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.floats(), st.text(max_size=3),
-                     st.sampled_from(["text", "function", "auto", "none", "required", "data:",
-                                      "http://x", "{}", "[1]"]))
-_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=2),
-    st.dictionaries(st.sampled_from(["type", "name", "text", "function", "url", "id"]), inner,
-                    max_size=2)), max_leaves=5)
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2),
+    st.floats(),
+    st.text(max_size=3),
+    st.sampled_from(
+        ["text", "function", "auto", "none", "required", "data:", "http://x", "{}", "[1]"]
+    ),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=2),
+        st.dictionaries(
+            st.sampled_from(["type", "name", "text", "function", "url", "id"]), inner, max_size=2
+        ),
+    ),
+    max_leaves=5,
+)
 
 
-@settings(max_examples=1000, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=1000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.sampled_from(_paths(BASE)), _VALUES), min_size=1, max_size=2))
 @example([(("tool_choice", "function"), "f")])
 def test_translator_rejects_any_wrong_type_with_a_named_param(mutations):

@@ -26,14 +26,17 @@ def _refused(url: str, match: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("url, match", [
-    ("foo://bar", "not a valid Redis URL"),
-    ("", "not a valid Redis URL"),
-    ("redis://127.0.0.1:notaport/0", "not a valid Redis URL"),
-    ("redis://127.0.0.1:6379/x", "not a number"),
-    ("redis://127.0.0.1:6379/13?no_such_option=1", "not a valid Redis URL"),
-    ("redis://[::1", "not a valid Redis URL"),
-])
+@pytest.mark.parametrize(
+    "url, match",
+    [
+        ("foo://bar", "not a valid Redis URL"),
+        ("", "not a valid Redis URL"),
+        ("redis://127.0.0.1:notaport/0", "not a valid Redis URL"),
+        ("redis://127.0.0.1:6379/x", "not a number"),
+        ("redis://127.0.0.1:6379/13?no_such_option=1", "not a valid Redis URL"),
+        ("redis://[::1", "not a valid Redis URL"),
+    ],
+)
 def test_malformed_urls(url, match):
     _refused(url, match)
 

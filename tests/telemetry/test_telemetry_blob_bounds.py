@@ -76,8 +76,10 @@ async def test_memory_store_total_bound_evicts_from_the_biggest_tenant(monkeypat
         await memory.write({}, {(f"t{i % 2}", f"fam{i}"): (b"\x00" * MB, 3600)})
     assert memory.blob_bytes <= 4 * MB
     assert await memory.get_blob("small", "gpt") == b"s" * 1000
-    held = {t: sum([await memory.get_blob(t, f"fam{i}") is not None for i in range(6)])
-            for t in ("t0", "t1")}
+    held = {
+        t: sum([await memory.get_blob(t, f"fam{i}") is not None for i in range(6)])
+        for t in ("t0", "t1")
+    }
     assert sorted(held.values()) == [1, 2]
 
 

@@ -25,18 +25,53 @@ def redis_cluster(tmp_path):
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.skip("redis-server and redis-cli are needed for a local cluster")
     ports = [_cluster_port() for _ in range(NODES)]
-    procs = [subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-         "--cluster-config-file", f"nodes-{port}.conf", "--dir", str(tmp_path), "--save", "",
-         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for port in ports]
+    procs = [
+        subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"nodes-{port}.conf",
+                "--dir",
+                str(tmp_path),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
     try:
         _wait(lambda: all(redis.Redis(port=p, socket_connect_timeout=0.2).ping() for p in ports))
-        subprocess.run(["redis-cli", "--cluster", "create",
-                        *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
-                        "--cluster-yes"], check=True, capture_output=True, timeout=30)
-        _wait(lambda: all(redis.Redis(port=p, decode_responses=True).cluster("info")
-                          .get("cluster_state") == "ok" for p in ports))
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        _wait(
+            lambda: all(
+                redis.Redis(port=p, decode_responses=True).cluster("info").get("cluster_state")
+                == "ok"
+                for p in ports
+            )
+        )
         yield ports
     finally:
         for proc in procs:
@@ -76,8 +111,11 @@ def _wait(ready, timeout: float = 15.0) -> None:
 
 
 def test_cluster_store_merges_tenants_across_nodes(redis_cluster):
-    events = [event for i, tenant in enumerate(("acme", "glob:ex", "{x}", "delta", "echo"))
-              for event in make_events(seed=i, count=24, tenant=tenant, routes=("a", "b"))]
+    events = [
+        event
+        for i, tenant in enumerate(("acme", "glob:ex", "{x}", "delta", "echo"))
+        for event in make_events(seed=i, count=24, tenant=tenant, routes=("a", "b"))
+    ]
     url = f"redis://127.0.0.1:{redis_cluster[0]}/0"
 
     async def run() -> tuple[dict, dict]:

@@ -11,7 +11,6 @@ from tests.telemetry.telemetry_events import make_events, until
 BUFFER_MAX = 200
 
 
-
 def _prometheus_dropped(telemetry: Telemetry) -> float:
     body, _ = telemetry.prometheus_exposition()
     return float(re.search(rb"^firsttoken_telemetry_dropped_total (\S+)$", body, re.M).group(1))

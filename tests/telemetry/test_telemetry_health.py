@@ -3,7 +3,6 @@ degraded when Redis is unreachable, ok again once it answers."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from gateway.telemetry import RequestEvent, Telemetry, writer
@@ -15,7 +14,6 @@ def _event(ts: float) -> RequestEvent:
     return RequestEvent("acme", "r0", "m", True, "ok", 0.2, 0.1, 1.0, ts=ts)
 
 
-
 def _state(telemetry: Telemetry) -> str:
     return telemetry.health()["state"]
 
@@ -23,13 +21,17 @@ def _state(telemetry: Telemetry) -> str:
 async def test_health_follows_redis_down_and_back(private_redis, monkeypatch):
     monkeypatch.setattr(writer, "HEALTH_PROBE_S", 0.2)
     private_redis.start()
-    telemetry = Telemetry.create(redis_url=private_redis.url, flush_interval_s=0.02,
-                                 buffer_max=50)
+    telemetry = Telemetry.create(redis_url=private_redis.url, flush_interval_s=0.02, buffer_max=50)
     await telemetry.start()
     try:
         assert await until(lambda: telemetry.writer._last_contact > 0, 2)  # probed at start
-        assert telemetry.health() == {"store": "redis", "state": "ok", "buffered": 0,
-                                      "dropped": 0, "failures": 0}
+        assert telemetry.health() == {
+            "store": "redis",
+            "state": "ok",
+            "buffered": 0,
+            "dropped": 0,
+            "failures": 0,
+        }
 
         private_redis.kill()
         assert await until(lambda: _state(telemetry) == "degraded", 3)  # idle: the probe

@@ -42,7 +42,7 @@ async def test_two_instances_in_one_process_merge(redis_url: str, key_prefix: st
         event.ttft_s = None if event.ttft_s is None else event.ttft_s * 3
     await first.start()
     await second.start()
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         first.record(x)
         second.record(y)
     for event in a[len(b) :]:
@@ -68,7 +68,7 @@ def test_two_real_processes_merge(redis_url: str, key_prefix: str, subprocess_en
         )
         for seed, count in runs
     ]
-    for proc, (_, count) in zip(procs, runs):
+    for proc, (_, count) in zip(procs, runs, strict=False):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert out.strip() == f"written={count} dropped=0"

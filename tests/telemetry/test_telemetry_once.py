@@ -75,7 +75,6 @@ async def _count(telemetry: Telemetry, tenant: str = "acme") -> int:
     return sum(r["count"] for r in (await telemetry.report(tenant))["routes"])
 
 
-
 async def test_answer_lost_after_exec_is_not_counted_twice(redis_url, key_prefix, sync_redis):
     proxy = ReplyEater(6379)
     url = await proxy.start()
@@ -131,8 +130,14 @@ async def test_refused_batch_is_dropped_once_and_the_writer_moves_on(private_red
     await telemetry.start()
     calls_before = _exec_calls(admin)
     try:
-        admin.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-eval"],
-                          keys=["*"], channels=["*"])
+        admin.acl_setuser(
+            "default",
+            enabled=True,
+            nopass=True,
+            commands=["+@all", "-eval"],
+            keys=["*"],
+            channels=["*"],
+        )
         now = time.time()
         with caplog.at_level(logging.ERROR, logger="firsttoken.telemetry"):
             for _ in range(10):
@@ -146,8 +151,15 @@ async def test_refused_batch_is_dropped_once_and_the_writer_moves_on(private_red
         assert len(lines) == 1 and "no permissions" in lines[0]
         assert telemetry.health()["state"] == "ok"  # the store answers: not an outage
 
-        admin.acl_setuser("default", enabled=True, nopass=True, commands=["+@all"],
-                          keys=["*"], channels=["*"], reset=True)
+        admin.acl_setuser(
+            "default",
+            enabled=True,
+            nopass=True,
+            commands=["+@all"],
+            keys=["*"],
+            channels=["*"],
+            reset=True,
+        )
         for _ in range(5):
             telemetry.record(_event("acme", "r0", now))
         assert await until(lambda: telemetry.writer.written == 5, 5)

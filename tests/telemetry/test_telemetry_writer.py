@@ -3,8 +3,7 @@ import time
 
 import redis.exceptions
 
-from gateway.telemetry import RequestEvent, Telemetry
-from gateway.telemetry import redis_store
+from gateway.telemetry import RequestEvent, Telemetry, redis_store
 from gateway.telemetry.store import MemoryStore
 
 

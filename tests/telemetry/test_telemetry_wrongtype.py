@@ -28,8 +28,9 @@ def _lines_naming(caplog, key: str) -> list[str]:
 
 @pytest.fixture
 async def telemetry(redis_url, key_prefix):
-    telemetry = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix,
-                                 flush_interval_s=0.02, flush_batch=4)
+    telemetry = Telemetry.create(
+        redis_url=redis_url, key_prefix=key_prefix, flush_interval_s=0.02, flush_batch=4
+    )
     await telemetry.start()
     yield telemetry
     await telemetry.aclose()
@@ -46,8 +47,7 @@ async def _record_and_settle(telemetry: Telemetry, events: list[RequestEvent]) -
     await asyncio.sleep(0.3)  # a writer that re-sent batches would keep counting meanwhile
 
 
-async def test_string_in_a_bucket_loses_that_bucket_only(telemetry, key_prefix, sync_redis,
-                                                         caplog):
+async def test_string_in_a_bucket_loses_that_bucket_only(telemetry, key_prefix, sync_redis, caplog):
     """The issue's case: before, 10 requests were counted 64, 97, 130... and climbing."""
     now = time.time()
     keys = KeySpace(key_prefix)
@@ -65,11 +65,12 @@ async def test_string_in_a_bucket_loses_that_bucket_only(telemetry, key_prefix, 
     assert telemetry.writer.dropped == 0 and telemetry.health()["state"] == "ok"
 
 
-async def test_wrong_type_met_on_read_skips_that_bucket(telemetry, key_prefix, sync_redis,
-                                                        caplog):
+async def test_wrong_type_met_on_read_skips_that_bucket(telemetry, key_prefix, sync_redis, caplog):
     now = time.time()
-    await _record_and_settle(telemetry, [_event("acme", "r0", now - 60),
-                                         _event("acme", "r0", now), _event("acme", "r1", now)])
+    await _record_and_settle(
+        telemetry,
+        [_event("acme", "r0", now - 60), _event("acme", "r0", now), _event("acme", "r1", now)],
+    )
     earlier = KeySpace(key_prefix).bucket("acme", "r0", minute_of(now - 60))
     sync_redis.delete(earlier)
     sync_redis.rpush(earlier, "a list now")
@@ -80,8 +81,7 @@ async def test_wrong_type_met_on_read_skips_that_bucket(telemetry, key_prefix, s
     assert len(lines) == 1 and "not read" in lines[0]
 
 
-async def test_bucket_with_a_field_that_is_not_a_counter(telemetry, key_prefix, sync_redis,
-                                                         caplog):
+async def test_bucket_with_a_field_that_is_not_a_counter(telemetry, key_prefix, sync_redis, caplog):
     now = time.time()
     keys = KeySpace(key_prefix)
     spoilt = keys.bucket("acme", "r1", minute_of(now))
