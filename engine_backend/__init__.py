@@ -4,9 +4,9 @@
 serves it over HTTP on its own.
 """
 
-from engine_backend.async_engine import EngineClosedError, RequestFailedError
 from engine_backend.config import EngineConfig
 from engine_backend.demo import build_demo_model
+from engine_backend.engine_thread import EngineClosedError, RequestFailedError
 from engine_backend.openai_api import EngineRequestError, LocalEngine
 from engine_backend.sampling import SamplingParams
 

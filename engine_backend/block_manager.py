@@ -114,7 +114,8 @@ class BlockManager:
         self, seq: Sequence, num_new_tokens: int, hit_blocks: SequenceLike[int] = ()
     ) -> None:
         """Grow `seq`'s block table to hold `num_new_tokens` more tokens; on first
-        admission, `hit_blocks` become its leading blocks and count as computed."""
+        admission, `hit_blocks` become its leading blocks (the scheduler counts their
+        tokens as computed)."""
         if hit_blocks:
             assert not seq.block_table, "prefix hits only apply to a sequence with no blocks"
         needed = self._num_new_blocks(seq, num_new_tokens, len(hit_blocks))
@@ -125,7 +126,6 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
         if hit_blocks:
-            seq.num_computed_tokens = len(hit_blocks) * self.block_size
             seq.num_registered_blocks = len(hit_blocks)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())

@@ -24,11 +24,14 @@ def load_hf_config(model_dir: str | Path) -> dict:
 
 
 def _as_id_list(value: object) -> list[int]:
+    """An `eos_token_id` as config files write it: absent, one id, or a list of ids."""
     if value is None:
         return []
     if isinstance(value, int):
         return [value]
-    return [int(v) for v in value]  # type: ignore[union-attr]
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    raise ValueError(f"eos_token_id must be an integer or a list of integers, not {value!r}")
 
 
 def load_eos_token_ids(model_dir: str | Path, hf_config: dict) -> list[int]:

@@ -21,6 +21,8 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_memory_fraction: float = 0.85
+    # Per-step token budget. The one default: the standalone server and the gateway leave
+    # it here unless the user sets one.
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int | None = None

@@ -9,7 +9,6 @@ single-threaded by design; the async front owns the thread that calls it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from engine_backend.scheduler import Scheduler
 from engine_backend.sequence import Sequence
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_generate_ids = itertools.count()
 logger = logging.getLogger(__name__)
 
 
@@ -59,10 +57,6 @@ class LLMEngine:
     `engine.config` is a copy of the given config with every `None` resolved
     (device, dtype, num_blocks, max_model_len). `config.model` must be a local
     folder (engine_backend.hub resolves Hugging Face ids to one beforehand).
-
-    Test hook: after `enable_logits_capture()`, every step stores each scheduled
-    request's logits for all tokens it computed in `captured_logits[request_id]`
-    as (first position, float32 CPU tensor [tokens, vocab]) pairs.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -90,6 +84,7 @@ class LLMEngine:
             num_blocks=num_blocks,
             max_model_len=max_model_len,
         )
+        self.max_model_len = max_model_len
         self.vocab_size = model.args.vocab_size
         self.model_runner = ModelRunner(model, num_blocks, config.block_size)
         self.block_manager = BlockManager(
@@ -104,7 +99,6 @@ class LLMEngine:
         self.sampler = Sampler(self.device, config.seed)
         self.requests: dict[str, Sequence] = {}
         self._pending: list[StepOutput] = []
-        self.captured_logits: dict[str, list[tuple[int, torch.Tensor]]] | None = None
 
     def _blocks_that_fit(self, config: EngineConfig, block_bytes: int) -> int:
         if config.kv_cache_bytes is not None:
@@ -120,10 +114,6 @@ class LLMEngine:
                 f"no room for the KV cache: budget {budget} bytes, one block needs {block_bytes}"
             )
         return num_blocks
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len  # type: ignore[return-value]
 
     def add_request(
         self,
@@ -159,8 +149,7 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return
-        self.scheduler.finish(seq)
-        seq.finish_reason = "abort"
+        self.scheduler.finish(seq, "abort")
         self._pending.append(self._output(seq, []))
 
     def has_unfinished(self) -> bool:
@@ -173,24 +162,18 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return outputs
-        capture = self.captured_logits is not None
-        result = self.model_runner.execute(batch.decodes, batch.prefills, return_all_logits=capture)
-        if capture and result.all_rows is not None:
-            for seq, first_position, logits in result.all_rows:
-                self.captured_logits.setdefault(seq.request_id, []).append(
-                    (first_position, logits.float().cpu())
-                )
+        result = self.model_runner.execute(batch.decodes, batch.prefills)
         self.scheduler.advance(batch)
         for seq, token in zip(
-            result.sampled, self._sample(result.sampled, result.logits), strict=False
+            result.sampled, self._sample(result.sampled, result.logits), strict=True
         ):
             if isinstance(token, Exception):
                 outputs.append(self._fail(seq, f"sampling failed ({type(token).__name__})"))
                 continue
-            seq.token_ids.append(token)
-            seq.finish_reason = self._finish_reason(seq, token)
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
+            self.scheduler.append_token(seq, token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
                 del self.requests[seq.request_id]
             outputs.append(self._output(seq, [token]))
         return outputs
@@ -202,7 +185,7 @@ class LLMEngine:
         generators = [seq.generator for seq in seqs]
         try:
             return list(self.sampler.sample(logits, params, generators))
-        except Exception:
+        except Exception:  # noqa: BLE001 -- any failure here is retried row by row just below
             logger.warning("batched sampling failed; sampling %d rows one by one", len(seqs))
         picked: list[int | Exception] = []
         for row, seq in enumerate(seqs):
@@ -212,15 +195,14 @@ class LLMEngine:
                         logits[row : row + 1], params[row : row + 1], generators[row : row + 1]
                     )[0]
                 )
-            except Exception as exc:
+            except Exception as exc:  # fails this request alone; its output says so
                 logger.exception("sampling request %s failed", seq.request_id)
                 picked.append(exc)
         return picked
 
     def _fail(self, seq: Sequence, error: str) -> StepOutput:
         """End one request with an error; its blocks are freed and every other goes on."""
-        seq.finish_reason = "error"
-        self.scheduler.finish(seq)
+        self.scheduler.finish(seq, "error")
         self.requests.pop(seq.request_id, None)
         return self._output(seq, [], error)
 
@@ -245,50 +227,6 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             error=error,
         )
-
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
-    ) -> list[list[int]]:
-        """Run prompts to completion and return their generated ids (a stop token included)."""
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError("need one SamplingParams per prompt")
-        ids = [f"generate-{next(_generate_ids)}" for _ in prompts]
-        try:
-            for request_id, prompt, p in zip(ids, prompts, params, strict=False):
-                self.add_request(request_id, prompt, p)
-        except ValueError:
-            for request_id in ids:
-                self.abort_request(request_id)
-            self._pending = [out for out in self._pending if out.request_id not in ids]
-            raise
-        results: dict[str, list[int]] = {request_id: [] for request_id in ids}
-        remaining = set(ids)
-        errors: list[str] = []
-        # Every step computes at least one token: a working engine never reaches this bound.
-        max_steps = (
-            sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params, strict=False)) * 16 + 1000
-        )
-        for _ in range(max_steps):
-            if not remaining:
-                break
-            for out in self.step():
-                if out.request_id in results:
-                    results[out.request_id].extend(out.new_token_ids)
-                    if out.error is not None:
-                        errors.append(f"prompt {ids.index(out.request_id)}: {out.error}")
-                    if out.finished:
-                        remaining.discard(out.request_id)
-        if remaining:
-            raise RuntimeError(f"generate made no progress on {len(remaining)} request(s)")
-        if errors:
-            raise RuntimeError("generate failed on " + "; ".join(errors))
-        return [results[request_id] for request_id in ids]
-
-    def enable_logits_capture(self) -> None:
-        """Start recording all computed rows' logits (slower; for tests)."""
-        self.captured_logits = {}
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()

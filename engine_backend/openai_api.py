@@ -2,8 +2,7 @@
 
 This is the one surface the gateway's `local` upstream and the standalone server call.
 It turns a request into prompt ids (chat template or legacy prompt) and SamplingParams,
-runs it on the AsyncEngine and shapes the outputs exactly like OpenAI's, including
-`usage.prompt_tokens_details.cached_tokens` taken from the engine's prefix-cache hits.
+runs it on the EngineThread and shapes the outputs like OpenAI's (openai_response).
 """
 
 from __future__ import annotations
@@ -11,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from engine_backend import request_fields as fields
-from engine_backend.async_engine import AsyncEngine, RequestOutput, RequestStream
+from engine_backend.engine_thread import EngineThread, RequestOutput, RequestStream
+from engine_backend.llm_engine import LLMEngine
+from engine_backend.openai_response import CHAT, Endpoint, ResponseBuilder
 from engine_backend.request_fields import EngineRequestError
 from engine_backend.sampling import SamplingParams
 from engine_backend.tokenizer import ChatTemplateError, ChatTemplateRenderError, Tokenizer
@@ -32,6 +32,7 @@ DEMO_DEFAULT_MAX_TOKENS = 256
 @dataclass
 class _Checked:
     body: dict
+    model: str
     max_tokens: int | None
     max_param: str
     sampling: dict[str, Any]
@@ -42,6 +43,7 @@ class _Checked:
 
 @dataclass
 class _Prepared:
+    model: str
     prompt_ids: list[int]
     params: SamplingParams
     stop: list[str]
@@ -49,28 +51,12 @@ class _Prepared:
     cache_salt: str | None
 
 
-def _usage(out: RequestOutput | None, num_prompt_tokens: int) -> dict:
-    completion = out.num_output_tokens if out else 0
-    cached = out.num_cached_tokens if out else 0
-    return {
-        "prompt_tokens": num_prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": num_prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def _finish_reason(reason: str | None) -> str:
-    # The engine's own "abort" (it gave up on the sequence) has no OpenAI counterpart.
-    return reason if reason in ("stop", "length") else "stop"
-
-
 class LocalEngine:
     """The bundled engine behind an OpenAI-shaped API (dicts, no HTTP)."""
 
     def __init__(
         self,
-        engine: Any,
+        llm: LLMEngine,
         tokenizer: Tokenizer,
         *,
         model_name: str,
@@ -78,17 +64,15 @@ class LocalEngine:
         isolate_tenants: bool = False,
         default_max_tokens: int | None = None,
     ) -> None:
-        self.engine = engine
+        self.llm = llm
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.description = description
         self.isolate_tenants = isolate_tenants
         self.default_max_tokens = default_max_tokens
-        self.max_model_len = int(
-            engine.config.max_model_len or engine.hf_config.get("max_position_embeddings") or 2048
-        )
+        self.max_model_len = llm.max_model_len
         self.created = int(time.time())
-        self.async_engine = AsyncEngine(engine, tokenizer)
+        self.thread = EngineThread(llm, tokenizer)
 
     @classmethod
     def from_model(
@@ -96,16 +80,17 @@ class LocalEngine:
         model: str | None = None,
         *,
         demo: bool = False,
-        device: str | None = None,
-        dtype: str | None = None,
         isolate_tenants: bool = False,
-        **engine_kwargs: Any,
+        **engine_options: Any,
     ) -> LocalEngine:
-        """Load a model folder or Hugging Face id, or (model None, demo True) the demo."""
+        """Load a model folder or Hugging Face id, or (model None, demo True) the demo.
+
+        `engine_options` are EngineConfig fields; one given as None takes EngineConfig's
+        default, so every caller (the standalone server, the gateway) shares one default.
+        """
         from engine_backend.config import EngineConfig
         from engine_backend.demo import DEMO_DESCRIPTION, DEMO_MODEL_NAME, build_demo_model
         from engine_backend.hub import resolve_model
-        from engine_backend.llm_engine import LLMEngine
 
         default_max_tokens = None
         if model is None:
@@ -121,10 +106,10 @@ class LocalEngine:
                 else model
             )
             description = f"local engine serving {model}"
-        config = EngineConfig(model=path, device=device, dtype=dtype, **engine_kwargs)
-        engine = LLMEngine(config)
+        given = {key: value for key, value in engine_options.items() if value is not None}
+        llm = LLMEngine(EngineConfig(model=path, **given))
         return cls(
-            engine,
+            llm,
             Tokenizer(path),
             model_name=name,
             description=description,
@@ -145,10 +130,10 @@ class LocalEngine:
         ]
 
     async def start(self) -> None:
-        self.async_engine.start()
+        self.thread.start()
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.async_engine.shutdown)
+        await asyncio.to_thread(self.thread.shutdown)
 
     # -- request preparation ---------------------------------------------------------------
 
@@ -178,6 +163,7 @@ class LocalEngine:
             salt = f"{salt}:{own_salt}" if salt else own_salt
         return _Checked(
             body,
+            fields.model(body, self.model_name),
             max_tokens,
             max_param,
             sampling,
@@ -212,17 +198,28 @@ class LocalEngine:
         except ValueError as e:  # the engine's own bounds; the checks above name the field first
             raise EngineRequestError(str(e)) from e
         return _Prepared(
-            prompt_ids, params, checked.stop, checked.include_usage, checked.cache_salt
+            checked.model,
+            prompt_ids,
+            params,
+            checked.stop,
+            checked.include_usage,
+            checked.cache_salt,
         )
 
-    def _prepare_chat(self, body: Any, tenant: str | None) -> _Prepared:
+    def _prepare_request(self, endpoint: Endpoint, body: Any, tenant: str | None) -> _Prepared:
         checked = self._check(body, tenant)
-        body = checked.body
+        if endpoint is CHAT:
+            prompt_ids = self._chat_prompt(checked.body)
+        else:
+            prompt_ids = self._completion_prompt(checked.body)
+        return self._prepare(checked, prompt_ids, endpoint.prompt_param)
+
+    def _chat_prompt(self, body: dict) -> list[int]:
         messages = fields.chat_messages(body)
         tools = fields.tools(body)
         extra, generation_prompt = fields.template_kwargs(body)
         try:
-            prompt_ids = self.tokenizer.encode_chat(
+            return self.tokenizer.encode_chat(
                 messages, tools=tools, add_generation_prompt=generation_prompt, **extra
             )
         except ChatTemplateRenderError as e:
@@ -230,28 +227,24 @@ class LocalEngine:
             raise EngineRequestError(str(e), param) from e
         except ChatTemplateError as e:  # the template refused the conversation
             raise EngineRequestError(str(e), "messages") from e
-        return self._prepare(checked, prompt_ids, "messages")
 
-    def _prepare_completion(self, body: Any, tenant: str | None) -> _Prepared:
-        checked = self._check(body, tenant)
-        prompt = checked.body.get("prompt")
+    def _completion_prompt(self, body: dict) -> list[int]:
+        prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, list) and all(
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            prompt_ids = list(prompt)
-        elif isinstance(prompt, list):
+            return list(prompt)
+        if isinstance(prompt, list):
             raise EngineRequestError("batched prompts are not supported; send one prompt", "prompt")
-        else:
-            raise EngineRequestError("'prompt' must be a string or a list of token ids", "prompt")
-        return self._prepare(checked, prompt_ids, "prompt")
+        raise EngineRequestError("'prompt' must be a string or a list of token ids", "prompt")
 
     async def _submit(self, prepared: _Prepared, prompt_param: str) -> RequestStream:
         try:
-            return await self.async_engine.add_request(
+            return await self.thread.add_request(
                 prepared.prompt_ids,
                 prepared.params,
                 stop=prepared.stop,
@@ -260,135 +253,49 @@ class LocalEngine:
         except ValueError as e:  # the engine's own validation (e.g. ids out of vocab)
             raise EngineRequestError(str(e), prompt_param) from e
 
-    # -- chat completions ------------------------------------------------------------------
+    # -- responses -------------------------------------------------------------------------
 
-    async def chat_completion_stream(
-        self, body: dict, *, tenant: str | None = None
-    ) -> AsyncIterator[dict]:
-        """Yield `chat.completion.chunk` dicts; closing the iterator aborts the request."""
-        prepared = self._prepare_chat(body, tenant)
-        stream = await self._submit(prepared, "messages")
-        base = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "system_fingerprint": None,
-        }
-        if prepared.include_usage:
-            base["usage"] = None
-
-        def chunk(delta: dict, finish_reason: str | None = None) -> dict:
-            return {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-                ],
-            }
-
+    async def stream(
+        self, body: dict, *, endpoint: Endpoint = CHAT, tenant: str | None = None
+    ) -> AsyncGenerator[dict, None]:
+        """Yield the endpoint's chunk dicts; closing the iterator aborts the request. A bad
+        request raises EngineRequestError on the first `__anext__`, before any chunk."""
+        prepared = self._prepare_request(endpoint, body, tenant)
+        request = await self._submit(prepared, endpoint.prompt_param)
+        response = ResponseBuilder(
+            endpoint,
+            prepared.model,
+            len(prepared.prompt_ids),
+            include_usage=prepared.include_usage,
+        )
         last: RequestOutput | None = None
         try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for out in stream:
+            for chunk in response.opening_chunks():
+                yield chunk
+            async for out in request:
                 last = out
                 if out.text:
-                    yield chunk({"content": out.text})
+                    yield response.text_chunk(out.text)
                 if out.finished:
-                    yield chunk({}, _finish_reason(out.finish_reason))
+                    yield response.finish_chunk(out)
             if prepared.include_usage:
-                yield {**base, "choices": [], "usage": _usage(last, len(prepared.prompt_ids))}
+                yield response.usage_chunk(last)
         finally:
-            stream.abort()
+            request.abort()
 
-    async def chat_completion(self, body: dict, *, tenant: str | None = None) -> dict:
-        prepared = self._prepare_chat(body, tenant)
-        stream = await self._submit(prepared, "messages")
-        text, last = await self._collect(stream)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "logprobs": None,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "finish_reason": _finish_reason(last.finish_reason if last else None),
-                }
-            ],
-            "usage": _usage(last, len(prepared.prompt_ids)),
-        }
-
-    # -- legacy completions ----------------------------------------------------------------
-
-    async def completion_stream(
-        self, body: dict, *, tenant: str | None = None
-    ) -> AsyncIterator[dict]:
-        """Yield `text_completion` chunk dicts; closing the iterator aborts the request."""
-        prepared = self._prepare_completion(body, tenant)
-        stream = await self._submit(prepared, "prompt")
-        base = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "system_fingerprint": None,
-        }
-        if prepared.include_usage:
-            base["usage"] = None
-
-        def chunk(text: str, finish_reason: str | None = None) -> dict:
-            return {
-                **base,
-                "choices": [
-                    {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-                ],
-            }
-
-        last: RequestOutput | None = None
-        try:
-            async for out in stream:
-                last = out
-                if out.text:
-                    yield chunk(out.text)
-                if out.finished:
-                    yield chunk("", _finish_reason(out.finish_reason))
-            if prepared.include_usage:
-                yield {**base, "choices": [], "usage": _usage(last, len(prepared.prompt_ids))}
-        finally:
-            stream.abort()
-
-    async def completion(self, body: dict, *, tenant: str | None = None) -> dict:
-        prepared = self._prepare_completion(body, tenant)
-        stream = await self._submit(prepared, "prompt")
-        text, last = await self._collect(stream)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": _finish_reason(last.finish_reason if last else None),
-                }
-            ],
-            "usage": _usage(last, len(prepared.prompt_ids)),
-        }
-
-    @staticmethod
-    async def _collect(stream: RequestStream) -> tuple[str, RequestOutput | None]:
+    async def complete(
+        self, body: dict, *, endpoint: Endpoint = CHAT, tenant: str | None = None
+    ) -> dict:
+        """The endpoint's whole response dict."""
+        prepared = self._prepare_request(endpoint, body, tenant)
+        request = await self._submit(prepared, endpoint.prompt_param)
         parts: list[str] = []
-        last = None
+        last: RequestOutput | None = None
         try:
-            async for out in stream:
+            async for out in request:
                 parts.append(out.text)
                 last = out
         finally:
-            stream.abort()
-        return "".join(parts), last
+            request.abort()
+        response = ResponseBuilder(endpoint, prepared.model, len(prepared.prompt_ids))
+        return response.whole("".join(parts), last)

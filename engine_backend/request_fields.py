@@ -20,6 +20,8 @@ MAX_STOP_STRINGS = 16
 # of each stop string at every step: cheap for real delimiters, not for megabyte ones.
 MAX_STOP_CHARS = 256
 MAX_CACHE_SALT_CHARS = 1024
+# Every response chunk repeats the model name; the gateway's own default limit is 256.
+MAX_MODEL_CHARS = 1024
 # Template variables a caller may not replace through chat_template_kwargs: the engine sets
 # them from the request itself, or they are the template's own helpers.
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "raise_exception", "strftime_now"})
@@ -38,6 +40,20 @@ def request_object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise EngineRequestError("the request body must be a JSON object")
     return body
+
+
+def model(body: dict, served: str) -> str:
+    """The model name the response carries: the one the client asked for, as OpenAI's SDKs and
+    the gateway's routes (`local-*` matches many names) expect to read back; the served name
+    when the request names none."""
+    name = body.get("model")
+    if name is None or name == "":
+        return served
+    if not isinstance(name, str) or len(name) > MAX_MODEL_CHARS:
+        raise EngineRequestError(
+            f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", "model"
+        )
+    return name
 
 
 def integer(body: dict, name: str, low: int, high: int) -> int | None:

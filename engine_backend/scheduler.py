@@ -11,6 +11,10 @@ Each step spends at most `max_num_batched_tokens` tokens:
 When a running sequence needs a block and none is free, the newest running
 sequence is preempted: its blocks are released (full ones stay in the prefix
 cache) and it goes back to the front of the queue, to be recomputed later.
+
+The scheduler is the one writer of a request's progress: its status, how many of
+its tokens are computed (and how many of those came from the prefix cache), the
+tokens it generated and why it finished. The block manager only hands out blocks.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             bm.allocate(seq, num_new, hits)
-            if seq.num_output_tokens == 0:
+            seq.num_computed_tokens = len(hits) * bm.block_size
+            if seq.num_output_tokens == 0:  # a preempted request keeps its first count
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -146,11 +151,16 @@ class Scheduler:
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq)
 
-    def finish(self, seq: Sequence) -> None:
-        """Release a sequence that is done (finished or aborted), wherever it is."""
+    def append_token(self, seq: Sequence, token: int) -> None:
+        """Record a sampled token; it is computed by the next step that schedules `seq`."""
+        seq.token_ids.append(token)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Release a sequence that is done (finished, aborted or failed), wherever it is."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

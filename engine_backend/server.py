@@ -11,8 +11,7 @@ import contextlib
 import hashlib
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import orjson
 from starlette.applications import Starlette
@@ -21,12 +20,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine_backend.async_engine import EngineClosedError, RequestFailedError
+from engine_backend.engine_thread import EngineClosedError, RequestFailedError
 from engine_backend.openai_api import EngineRequestError, LocalEngine
+from engine_backend.openai_response import CHAT, COMPLETIONS, Endpoint, error_body
 
 logger = logging.getLogger(__name__)
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The same as the gateway's: no proxy may buffer or transform an event stream.
+SSE_HEADERS = {
+    "cache-control": "no-cache, no-transform",
+    "x-accel-buffering": "no",
+    "connection": "keep-alive",
+}
+SSE_DONE = b"data: [DONE]\n\n"
+
+# Errors from one request that the server answers (400, 500 or 503), never a crash.
+ENGINE_ERRORS = (EngineRequestError, EngineClosedError, RequestFailedError)
 
 
 def error_response(
@@ -37,14 +46,10 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
 ) -> JSONResponse:
-    """An error in OpenAI's shape, so SDKs raise their usual exception classes."""
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}},
-        status_code=status,
-    )
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
 
 
-def _sse(payload: Any) -> bytes:
+def sse_event(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
@@ -79,11 +84,11 @@ def engine_error_response(exc: Exception) -> Response:
     return error_response(500, f"engine error: {exc}", type_="server_error")  # our own message
 
 
-async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
+async def _stream_response(chunks: AsyncGenerator[dict, None]) -> Response:
     """Start the stream, turning an error raised before the first chunk into an HTTP error."""
     try:
-        first = await chunks.__anext__()
-    except (EngineRequestError, EngineClosedError, RequestFailedError) as e:
+        first: dict | None = await anext(chunks)
+    except ENGINE_ERRORS as e:
         return engine_error_response(e)
     except StopAsyncIteration:
         first = None
@@ -91,9 +96,9 @@ async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
     async def events() -> AsyncIterator[bytes]:
         try:
             if first is not None:
-                yield _sse(first)
+                yield sse_event(first)
             async for chunk in chunks:
-                yield _sse(chunk)
+                yield sse_event(chunk)
         except Exception as e:  # output has started: report in-stream, never retry
             if isinstance(e, RequestFailedError):  # its message was written for the client
                 message = f"engine error: {e}"
@@ -102,38 +107,39 @@ async def _stream_response(chunks: AsyncIterator[dict]) -> Response:
             else:
                 logger.exception("stream failed")
                 message = f"engine error: {type(e).__name__}"
-            yield _sse(
-                {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-            )
+            yield sse_event(error_body(message, "server_error"))
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-        yield b"data: [DONE]\n\n"
+            await chunks.aclose()
+        yield SSE_DONE
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _endpoint(engine: LocalEngine, stream_fn: Callable, full_fn: Callable) -> Callable:
+def _endpoint(
+    local_engine: LocalEngine, endpoint: Endpoint
+) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         try:
             body = await _json_body(request)
             tenant = _tenant(request)
             if body.get("stream") is True:
-                return await _stream_response(stream_fn(body, tenant=tenant))
-            return JSONResponse(await full_fn(body, tenant=tenant))
-        except (EngineRequestError, EngineClosedError, RequestFailedError) as e:
+                chunks = local_engine.stream(body, endpoint=endpoint, tenant=tenant)
+                return await _stream_response(chunks)
+            return JSONResponse(await local_engine.complete(body, endpoint=endpoint, tenant=tenant))
+        except ENGINE_ERRORS as e:
             return engine_error_response(e)
 
     return handle
 
 
-def create_app(engine: LocalEngine) -> Starlette:
+def create_app(local_engine: LocalEngine) -> Starlette:
     """The ASGI app; its lifespan starts and stops the engine thread."""
 
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": engine.model_cards()})
+        return JSONResponse({"object": "list", "data": local_engine.model_cards()})
 
     async def get_model(request: Request) -> Response:
-        for card in engine.model_cards():
+        for card in local_engine.model_cards():
             if card["id"] == request.path_params["model_id"]:
                 return JSONResponse(card)
         return error_response(
@@ -144,12 +150,13 @@ def create_app(engine: LocalEngine) -> Starlette:
         )
 
     async def health(request: Request) -> Response:
-        running = engine.async_engine.is_running
+        running = local_engine.thread.is_running
         return JSONResponse(
             {"status": "ok" if running else "stopped"}, status_code=200 if running else 503
         )
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # registered for HTTPException only
         return error_response(exc.status_code, exc.detail or "error", code=str(exc.status_code))
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -157,21 +164,21 @@ def create_app(engine: LocalEngine) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await engine.start()
+        await local_engine.start()
         try:
             yield
         finally:
-            await engine.aclose()
+            await local_engine.aclose()
 
     routes = [
         Route(
             "/v1/chat/completions",
-            _endpoint(engine, engine.chat_completion_stream, engine.chat_completion),
+            _endpoint(local_engine, CHAT),
             methods=["POST"],
         ),
         Route(
             "/v1/completions",
-            _endpoint(engine, engine.completion_stream, engine.completion),
+            _endpoint(local_engine, COMPLETIONS),
             methods=["POST"],
         ),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -205,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-batched-tokens",
         type=int,
         default=None,
-        help="token budget per step (chunked prefill)",
+        help="token budget per step (chunked prefill; default: EngineConfig's)",
     )
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--num-blocks", type=int, default=None)
@@ -224,33 +231,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    engine_kwargs = {
-        name: value
-        for name, value in (
-            ("max_num_batched_tokens", args.max_num_batched_tokens),
-            ("block_size", args.block_size),
-            ("num_blocks", args.num_blocks),
-            ("max_model_len", args.max_model_len),
-        )
-        if value is not None
-    }
     try:
-        engine = LocalEngine.from_model(
+        local_engine = LocalEngine.from_model(
             args.model,
             demo=args.demo,
+            isolate_tenants=args.isolate_tenants,
             device=args.device,
             dtype=args.dtype,
-            isolate_tenants=args.isolate_tenants,
-            **engine_kwargs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            max_model_len=args.max_model_len,
         )
     except (ValueError, OSError) as e:
         print(f"firsttoken engine: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
-    logger.info("serving %s on http://%s:%d/v1", engine.model_name, args.host, args.port)
+    logger.info("serving %s on http://%s:%d/v1", local_engine.model_name, args.host, args.port)
     uvicorn.run(
-        create_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower()
+        create_app(local_engine), host=args.host, port=args.port, log_level=args.log_level.lower()
     )
     return 0
 

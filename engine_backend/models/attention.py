@@ -31,9 +31,8 @@ class PrefillSegment:
 
     token_start: int  # first row of the chunk in the flattened batch
     num_tokens: int
-    context_slots: (
-        torch.Tensor | None
-    )  # cache slots of positions [0, start + n), or None for a fresh start
+    # Cache slots of positions [0, start + n), or None for a chunk that starts its sequence.
+    context_slots: torch.Tensor | None
     prefix_len: int = 0  # positions before the chunk (cached or computed in earlier steps)
     _mask: torch.Tensor | None = field(default=None, repr=False)
 
@@ -41,9 +40,10 @@ class PrefillSegment:
         """[n, prefix + n] bool, True where attending is allowed; built once per step."""
         if self._mask is None:
             n = self.num_tokens
-            self._mask = torch.ones(
-                n, self.prefix_len + n, dtype=torch.bool, device=self.context_slots.device
-            ).tril(self.prefix_len)
+            device = None if self.context_slots is None else self.context_slots.device
+            self._mask = torch.ones(n, self.prefix_len + n, dtype=torch.bool, device=device).tril(
+                self.prefix_len
+            )
         return self._mask
 
 
@@ -54,9 +54,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] cache slot of each new token
     num_decodes: int = 0
     decode_slots: torch.Tensor | None = None  # [decodes, max_context] slots to gather
-    decode_mask: torch.Tensor | None = (
-        None  # [decodes, 1, 1, max_context] bool, or None when unpadded
-    )
+    # [decodes, 1, 1, max_context] bool, or None when no decode is padded.
+    decode_mask: torch.Tensor | None = None
     prefills: list[PrefillSegment] = field(default_factory=list)
 
 
@@ -68,14 +67,17 @@ def prefix_then_causal(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix_len: int, scale: float
 ) -> torch.Tensor:
     """Attention of a chunk over [earlier positions | the chunk itself], as two fused kernels
-    merged by log-sum-exp. queries [1, heads, n, dim]; keys/values [1, kv_heads, prefix + n, dim]."""
+    merged by log-sum-exp. queries [1, heads, n, dim]; keys/values [1, kv_heads, prefix + n,
+    dim]. Only where `_FLASH_CPU` exists (callers check)."""
+    flash = _FLASH_CPU
+    assert flash is not None, "prefix_then_causal needs the fused CPU kernel"
     _, heads, n, dim = queries.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     # Over the earlier positions no mask is needed, so the heads that share a kv head can be
     # stacked as extra query rows instead of repeating the (long) keys.
     stacked = queries.reshape(1, kv_heads, group * n, dim)
-    out_prefix, lse_prefix = _FLASH_CPU(
+    out_prefix, lse_prefix = flash(
         stacked, keys[:, :, :prefix_len], values[:, :, :prefix_len], 0.0, False, scale=scale
     )
     out_prefix = out_prefix.reshape(1, heads, n, dim)
@@ -84,7 +86,7 @@ def prefix_then_causal(
     if group > 1:
         own_keys = own_keys.repeat_interleave(group, dim=1)
         own_values = own_values.repeat_interleave(group, dim=1)
-    out_own, lse_own = _FLASH_CPU(queries, own_keys, own_values, 0.0, True, scale=scale)
+    out_own, lse_own = flash(queries, own_keys, own_values, 0.0, True, scale=scale)
     lse = torch.logaddexp(lse_prefix, lse_own)
     return (
         out_prefix * (lse_prefix - lse).exp().unsqueeze(-1)
@@ -116,8 +118,10 @@ def paged_attention(
     gqa = q.shape[1] != num_kv_heads
     if meta.num_decodes:
         n = meta.num_decodes
-        context = meta.decode_slots.shape[1]
-        slots = meta.decode_slots.flatten()
+        decode_slots = meta.decode_slots
+        assert decode_slots is not None, "decodes come with their slots"
+        context = decode_slots.shape[1]
+        slots = decode_slots.flatten()
         # [decodes, kv_heads, context, dim]
         keys = gather(k_cache, slots).view(n, context, num_kv_heads, head_dim).transpose(1, 2)
         values = gather(v_cache, slots).view(n, context, num_kv_heads, head_dim).transpose(1, 2)

@@ -56,6 +56,9 @@ class RotaryEmbedding(nn.Module):
     """Rotates query and key heads by position (half-split layout); cos/sin are
     tabulated once up to the longest position the engine will serve."""
 
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, rope: dict) -> None:
         super().__init__()
         inv_freq = rope_inverse_frequencies(head_dim, rope)

@@ -100,11 +100,11 @@ class Attention(nn.Module):
             args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
         )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
 
     def forward(
         self,
@@ -120,7 +120,7 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
@@ -186,6 +186,7 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """input_ids/positions are [tokens]; kv_cache is [2, layers, slots, kv_heads, dim]."""
+        assert self.rotary is not None, "build_model sets the rotary tables"
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for i, layer in enumerate(self.layers):

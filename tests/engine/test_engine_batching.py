@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
+from tests.engine.engines import generate, make_llm
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -29,15 +29,9 @@ class ForwardRecorder:
         model.forward = recording_forward
 
 
-def make_engine(folder, **overrides) -> LLMEngine:
-    options = dict(model=str(folder), num_blocks=256, block_size=4, max_num_batched_tokens=512)
-    options.update(overrides)
-    return LLMEngine(EngineConfig(**options))
-
-
 def test_sixteen_streams_decode_in_one_forward_per_step(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     for i in range(16):
         engine.add_request(f"s{i}", helpers.random_prompt(5 + i, seed=i), GREEDY)
     engine.step()  # all 16 prompts in one forward
@@ -50,9 +44,9 @@ def test_sixteen_streams_decode_in_one_forward_per_step(checkpoint, helpers):
 
 def test_cached_prefix_is_not_recomputed(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     shared = helpers.random_prompt(96, seed=1)
-    engine.generate([[*shared, 7]], GREEDY)
+    generate(engine, [[*shared, 7]], GREEDY)
     recorder = ForwardRecorder(engine)
     engine.add_request("warm", [*shared, 8, 9, 10], GREEDY)
     first = engine.step()
@@ -62,7 +56,7 @@ def test_cached_prefix_is_not_recomputed(checkpoint, helpers):
 
 def test_long_prompt_never_skips_a_decoder(checkpoint, helpers):
     folder, hf_model = checkpoint("qwen3")
-    engine = make_engine(folder, max_num_batched_tokens=16)
+    engine = make_llm(folder, max_num_batched_tokens=16)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     decoders = [f"d{i}" for i in range(8)]
     for i, request_id in enumerate(decoders):
@@ -89,7 +83,7 @@ def test_long_prompt_never_skips_a_decoder(checkpoint, helpers):
 
 def test_hit_on_blocks_a_running_request_still_uses(checkpoint, helpers):
     folder, hf_model = checkpoint("qwen2")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     shared = helpers.random_prompt(40, seed=5)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     engine.add_request("first", [*shared, 3], params)
@@ -111,10 +105,9 @@ def test_hit_on_blocks_a_running_request_still_uses(checkpoint, helpers):
 def test_cuda_bfloat16_tracks_cpu_float32(checkpoint, helpers):
     folder, hf_model = checkpoint("llama3")
     prompt = helpers.random_prompt(50, seed=123)
-    engine = make_engine(folder, device="cuda")
+    engine = make_llm(folder, device="cuda", capture_logits=True)
     assert engine.dtype == torch.bfloat16
-    engine.enable_logits_capture()
-    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+    generate(engine, [prompt], SamplingParams(max_tokens=1, temperature=0))
     logits = next(iter(engine.captured_logits.values()))[0][1]
     reference = helpers.reference_logits(hf_model, prompt)
     assert torch.allclose(logits, reference, atol=0.3)

@@ -18,7 +18,7 @@ def admit_and_compute(bm: BlockManager, s: Sequence) -> list[int]:
     hits = bm.find_cached_prefix(s)
     assert bm.can_allocate(s, len(s) - len(hits) * bm.block_size, hits)
     bm.allocate(s, len(s) - len(hits) * bm.block_size, hits)
-    s.num_computed_tokens = len(s)
+    s.num_computed_tokens = len(s)  # the scheduler's part: the step computed all of it
     bm.register_full_blocks(s)
     return hits
 
@@ -90,7 +90,7 @@ def test_hit_on_a_free_block_takes_it_out_of_the_free_queue():
     assert bm.can_allocate(b, 1, hits)
     bm.allocate(b, 1, hits)
     assert bm.num_free_blocks == 1
-    assert b.num_computed_tokens == 4
+    assert b.block_table[:2] == hits and b.num_registered_blocks == 2
     assert not bm.can_allocate(seq([9] * 5, name="c"), 5)
 
 

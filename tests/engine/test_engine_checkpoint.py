@@ -12,6 +12,7 @@ from engine_backend.checkpoint import load_eos_token_ids, safetensors_files
 from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
+from tests.engine.engines import LogitsCapturingEngine, generate
 
 
 def test_config_resolution_on_cpu(checkpoint):
@@ -30,12 +31,11 @@ def test_bfloat16_runs_close_to_float32(checkpoint, helpers):
     prompt = helpers.random_prompt(20, seed=80)
     logits = {}
     for dtype in ("float32", "bfloat16"):
-        engine = LLMEngine(
+        engine = LogitsCapturingEngine(
             EngineConfig(model=str(folder), dtype=dtype, num_blocks=32, block_size=4)
         )
         assert engine.model_runner.kv_cache.dtype == getattr(torch, dtype)
-        engine.enable_logits_capture()
-        engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+        generate(engine, [prompt], SamplingParams(max_tokens=1, temperature=0))
         logits[dtype] = next(iter(engine.captured_logits.values()))[0][1]
     assert torch.allclose(logits["float32"], logits["bfloat16"], atol=0.25)
 
@@ -55,7 +55,7 @@ def test_shard_index_lists_the_files(checkpoint):
 
 
 def test_errors_name_the_problem(checkpoint, tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
         LLMEngine(EngineConfig(model=str(tmp_path)))
     folder, _ = checkpoint("llama")
     broken = tmp_path / "broken"
@@ -68,7 +68,7 @@ def test_errors_name_the_problem(checkpoint, tmp_path):
     config["architectures"] = ["LlamaForCausalLM"]
     config["num_hidden_layers"] = 3  # the weights have only two layers
     (broken / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="missing weights: layers.2"):
+    with pytest.raises(ValueError, match=r"missing weights: layers\.2"):
         LLMEngine(EngineConfig(model=str(broken), num_blocks=8))
 
 
@@ -92,12 +92,3 @@ def test_sliding_window_caps_the_context(checkpoint, tmp_path):
         LLMEngine(EngineConfig(model=str(windowed), num_blocks=64, block_size=4)).max_model_len
         == 40
     )
-
-
-def test_generate_rejects_a_bad_batch_without_leaving_requests(checkpoint):
-    folder, _ = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=8, block_size=4))
-    with pytest.raises(ValueError, match="empty"):
-        engine.generate([[5, 6], []], SamplingParams(max_tokens=2))
-    assert not engine.has_unfinished()
-    assert engine.block_manager.num_free_blocks == 8

@@ -11,21 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_backend.config import EngineConfig
-from engine_backend.llm_engine import LLMEngine
 from engine_backend.models.layers import rope_inverse_frequencies
 from engine_backend.sampling import SamplingParams
+from tests.engine.engines import make_llm
 
 ATOL = 1e-4
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-def make_engine(folder, **overrides) -> LLMEngine:
-    options = dict(model=str(folder), num_blocks=128, block_size=4, max_num_batched_tokens=512)
-    options.update(overrides)
-    engine = LLMEngine(EngineConfig(**options))
-    engine.enable_logits_capture()
-    return engine
 
 
 def run_and_check(engine, hf_model, helpers, prompts, params=GREEDY, salt=None) -> list[int]:
@@ -58,7 +49,7 @@ def run_and_check(engine, hf_model, helpers, prompts, params=GREEDY, salt=None) 
 @pytest.mark.parametrize("tie", [False, True])
 def test_cold_prompts_match_transformers(checkpoint, helpers, arch, tie):
     folder, hf_model = checkpoint(arch, tie=tie)
-    engine = make_engine(folder)
+    engine = make_llm(folder, capture_logits=True)
     cached = run_and_check(engine, hf_model, helpers, [helpers.random_prompt(37, seed=1)])
     assert cached == [0]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
@@ -69,14 +60,19 @@ def test_sharded_checkpoint_loads_identically(checkpoint, helpers, arch):
     folder, hf_model = checkpoint(arch, sharded=True)
     assert (folder / "model.safetensors.index.json").is_file()
     assert len(list(folder.glob("*.safetensors"))) > 1
-    run_and_check(make_engine(folder), hf_model, helpers, [helpers.random_prompt(21, seed=2)])
+    run_and_check(
+        make_llm(folder, capture_logits=True),
+        hf_model,
+        helpers,
+        [helpers.random_prompt(21, seed=2)],
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("budget", [1, 3, 8, 17])
 def test_chunked_prefill_matches_at_any_budget(checkpoint, helpers, arch, budget):
     folder, hf_model = checkpoint(arch)
-    engine = make_engine(folder, max_num_batched_tokens=budget)
+    engine = make_llm(folder, capture_logits=True, max_num_batched_tokens=budget)
     prompts = [helpers.random_prompt(41, seed=3), helpers.random_prompt(9, seed=4)]
     run_and_check(
         engine,
@@ -90,7 +86,7 @@ def test_chunked_prefill_matches_at_any_budget(checkpoint, helpers, arch, budget
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_prefix_cache_hit_matches_and_skips_the_prefix(checkpoint, helpers, arch):
     folder, hf_model = checkpoint(arch)
-    engine = make_engine(folder)
+    engine = make_llm(folder, capture_logits=True)
     shared = helpers.random_prompt(30, seed=5)
     assert run_and_check(engine, hf_model, helpers, [[*shared, 7, 8, 9]]) == [0]
     # 30 shared tokens = 7 full blocks of 4 (the 8th holds tokens 28..31, not all shared).
@@ -104,7 +100,7 @@ def test_prefix_cache_hit_matches_and_skips_the_prefix(checkpoint, helpers, arch
 
 def test_mixed_batch_of_different_lengths(checkpoint, helpers):
     folder, hf_model = checkpoint("llama3", tie=True)
-    engine = make_engine(folder, max_num_batched_tokens=24)
+    engine = make_llm(folder, capture_logits=True, max_num_batched_tokens=24)
     first = helpers.random_prompt(50, seed=6)
     run_and_check(engine, hf_model, helpers, [first])
     prompts = [
@@ -127,7 +123,7 @@ def test_mixed_batch_of_different_lengths(checkpoint, helpers):
 def test_decodes_join_while_others_prefill(checkpoint, helpers):
     """Requests arriving mid-generation share steps with running decodes."""
     folder, hf_model = checkpoint("qwen2", tie=True)
-    engine = make_engine(folder, max_num_batched_tokens=10)
+    engine = make_llm(folder, capture_logits=True, max_num_batched_tokens=10)
     early = helpers.random_prompt(6, seed=12)
     late = helpers.random_prompt(33, seed=13)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

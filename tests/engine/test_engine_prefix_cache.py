@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
+from tests.engine.engines import make_llm
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-
-
-def make_engine(folder, **overrides) -> LLMEngine:
-    options = dict(model=str(folder), num_blocks=64, block_size=4, max_num_batched_tokens=256)
-    options.update(overrides)
-    return LLMEngine(EngineConfig(**options))
 
 
 def run_one(
@@ -33,7 +27,7 @@ def run_one(
 
 def test_hits_are_reported_and_outputs_unchanged(checkpoint, helpers):
     folder, hf_model = checkpoint("qwen2")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     system = helpers.random_prompt(40, seed=21)
     cold_tokens, cold_cached = run_one(engine, "a", [*system, 5, 6, 7])
     warm_tokens, warm_cached = run_one(engine, "b", [*system, 5, 6, 7])
@@ -49,7 +43,7 @@ def test_hits_are_reported_and_outputs_unchanged(checkpoint, helpers):
 
 def test_disabled_cache_reports_no_hits(checkpoint, helpers):
     folder, _ = checkpoint("qwen2")
-    engine = make_engine(folder, enable_prefix_caching=False)
+    engine = make_llm(folder, enable_prefix_caching=False)
     prompt = helpers.random_prompt(30, seed=22)
     run_one(engine, "a", prompt)
     assert run_one(engine, "b", prompt)[1] == 0
@@ -57,7 +51,7 @@ def test_disabled_cache_reports_no_hits(checkpoint, helpers):
 
 def test_eviction_under_pressure_keeps_outputs_correct(checkpoint, helpers):
     folder, hf_model = checkpoint("llama3")
-    engine = make_engine(folder, num_blocks=16)  # room for ~2 prompts' blocks
+    engine = make_llm(folder, num_blocks=16)  # room for ~2 prompts' blocks
     distinct = [helpers.random_prompt(26, seed=30 + i) for i in range(6)]
     for round_ in range(2):
         for i, prompt in enumerate(distinct):
@@ -72,7 +66,7 @@ def test_eviction_under_pressure_keeps_outputs_correct(checkpoint, helpers):
 
 def test_cache_salt_isolates_tenants(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     prompt = helpers.random_prompt(33, seed=40)
     assert run_one(engine, "a1", prompt, salt="tenant-a")[1] == 0
     assert run_one(engine, "b1", prompt, salt="tenant-b")[1] == 0
@@ -83,7 +77,7 @@ def test_cache_salt_isolates_tenants(checkpoint, helpers):
 
 def test_lpm_admits_the_longest_cached_prefix_first(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder, schedule_policy="lpm", max_num_seqs=1)
+    engine = make_llm(folder, schedule_policy="lpm", max_num_seqs=1)
     warm = helpers.random_prompt(24, seed=50)
     run_one(engine, "prime", warm)
     engine.add_request("cold", helpers.random_prompt(24, seed=51), GREEDY)
@@ -94,7 +88,7 @@ def test_lpm_admits_the_longest_cached_prefix_first(checkpoint, helpers):
 
 def test_reset_prefix_cache(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder)
+    engine = make_llm(folder)
     prompt = helpers.random_prompt(20, seed=60)
     run_one(engine, "a", prompt)
     engine.reset_prefix_cache()

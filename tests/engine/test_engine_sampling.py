@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_backend.config import EngineConfig
-from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import MAX_SEED, MIN_SEED, Sampler, SamplingParams, filter_logits
+from tests.engine.engines import generate, make_llm
 
 
 def kept(logits: list[float], temperature=1.0, top_k=0, top_p=1.0) -> list[int]:
@@ -62,33 +61,33 @@ def test_top_k_one_is_greedy_even_at_high_temperature():
 
 def test_seeded_requests_repeat_regardless_of_batch(checkpoint):
     folder, _ = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=64, block_size=4))
+    engine = make_llm(folder, num_blocks=64)
     prompt = [5, 6, 7, 8, 9]
     seeded = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
-    alone = engine.generate([prompt], seeded)[0]
+    alone = generate(engine, [prompt], seeded)[0]
     other = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
-    crowded = engine.generate([[11, 12], prompt, [13, 14, 15]], [other, seeded, other])[1]
+    crowded = generate(engine, [[11, 12], prompt, [13, 14, 15]], [other, seeded, other])[1]
     assert alone == crowded
     different_seed = SamplingParams(max_tokens=10, temperature=1.0, seed=99, ignore_eos=True)
-    assert engine.generate([prompt], different_seed)[0] != alone
+    assert generate(engine, [prompt], different_seed)[0] != alone
 
 
 def test_stop_ids_eos_and_max_tokens(checkpoint, helpers):
     folder, hf_model = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=64, block_size=4))
+    engine = make_llm(folder, num_blocks=64)
     assert engine.eos_token_ids == [2]  # from generation_config.json
     prompt = helpers.random_prompt(12, seed=70)
     expected = helpers.reference_greedy(hf_model, prompt, 8)
     stop_at = expected[3]
-    out = engine.generate(
-        [prompt], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop_at])
+    out = generate(
+        engine, [prompt], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop_at])
     )[0]
     assert out == expected[: expected.index(stop_at) + 1]
 
     engine.eos_token_ids = [stop_at]  # pretend the model's eos is that token
-    assert engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0][-1] == stop_at
-    ignored = engine.generate(
-        [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    assert generate(engine, [prompt], SamplingParams(max_tokens=8, temperature=0))[0][-1] == stop_at
+    ignored = generate(
+        engine, [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     )[0]
     assert ignored == expected
 
@@ -100,7 +99,7 @@ def test_stop_ids_eos_and_max_tokens(checkpoint, helpers):
 
 def test_add_request_validation(checkpoint):
     folder, _ = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=8, block_size=4))
+    engine = make_llm(folder, num_blocks=8)
     assert engine.max_model_len == 32  # capped by the pool, below max_position_embeddings
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("a", [], SamplingParams())
@@ -160,11 +159,11 @@ def test_a_row_that_cannot_be_sampled_fails_its_request_alone(checkpoint):
     the batched draw; only its own request ends, with an error, and the others finish as if
     it had never been there."""
     folder, _ = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=64, block_size=4))
+    engine = make_llm(folder, num_blocks=64)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23]]
     greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)
-    expected = engine.generate(prompts[:2], [greedy, seeded])
+    expected = generate(engine, prompts[:2], [greedy, seeded])
     poison = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
     poison.top_k = 2**63
     for request_id, prompt, params in zip("abp", prompts, [greedy, seeded, poison], strict=False):
@@ -185,4 +184,4 @@ def test_a_row_that_cannot_be_sampled_fails_its_request_alone(checkpoint):
     assert engine.requests == {}
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
     with pytest.raises(RuntimeError, match="prompt 1: sampling failed"):
-        engine.generate(prompts[:2], [greedy, poison])
+        generate(engine, prompts[:2], [greedy, poison])

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine_backend.config import EngineConfig
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
+from tests.engine.engines import generate, make_llm
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-
-
-def make_engine(folder, **overrides) -> LLMEngine:
-    options = dict(model=str(folder), num_blocks=256, block_size=4, max_num_batched_tokens=64)
-    options.update(overrides)
-    return LLMEngine(EngineConfig(**options))
 
 
 def drain(engine: LLMEngine, max_steps: int = 2000) -> dict[str, list]:
@@ -37,7 +31,7 @@ def prompts(helpers, count: int, seed: int = 100) -> list[list[int]]:
 
 def test_step_respects_token_budget_and_runs_decodes_first(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder, max_num_batched_tokens=16)
+    engine = make_llm(folder, max_num_batched_tokens=16)
     for i in range(3):
         engine.add_request(f"short-{i}", helpers.random_prompt(4, seed=i), GREEDY)
     engine.step()  # 12 prompt tokens: all three admitted, each samples its first token
@@ -61,12 +55,12 @@ def test_step_respects_token_budget_and_runs_decodes_first(checkpoint, helpers):
 def test_tiny_pool_preempts_yet_every_request_matches_a_big_pool(checkpoint, helpers, policy):
     folder, _ = checkpoint("qwen3")
     batch = prompts(helpers, 10)
-    big = make_engine(folder)
-    expected = big.generate(batch, GREEDY)
+    big = make_llm(folder)
+    expected = generate(big, batch, GREEDY)
     # 12 blocks of 4 = 48 tokens; each request needs up to 8 blocks by its end.
-    small = make_engine(folder, num_blocks=12, max_num_batched_tokens=32, schedule_policy=policy)
+    small = make_llm(folder, num_blocks=12, max_num_batched_tokens=32, schedule_policy=policy)
     assert small.max_model_len == 48
-    assert small.generate(batch, GREEDY) == expected
+    assert generate(small, batch, GREEDY) == expected
     assert small.scheduler.num_preemptions > 0
     assert small.block_manager.num_free_blocks == small.block_manager.num_total_blocks
 
@@ -74,18 +68,16 @@ def test_tiny_pool_preempts_yet_every_request_matches_a_big_pool(checkpoint, hel
 def test_preemption_without_prefix_cache_recomputes_exactly(checkpoint, helpers):
     folder, _ = checkpoint("llama3")
     batch = prompts(helpers, 8, seed=200)
-    expected = make_engine(folder).generate(batch, GREEDY)
-    small = make_engine(
-        folder, num_blocks=10, enable_prefix_caching=False, max_num_batched_tokens=8
-    )
-    assert small.generate(batch, GREEDY) == expected
+    expected = generate(make_llm(folder), batch, GREEDY)
+    small = make_llm(folder, num_blocks=10, enable_prefix_caching=False, max_num_batched_tokens=8)
+    assert generate(small, batch, GREEDY) == expected
     assert small.scheduler.num_preemptions > 0
     assert small.block_manager.num_free_blocks == 10
 
 
 def test_abort_frees_blocks_at_once_and_reports_on_next_step(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder, num_blocks=32)
+    engine = make_llm(folder, num_blocks=32)
     engine.add_request("keep", helpers.random_prompt(10, seed=1), GREEDY)
     engine.add_request("drop", helpers.random_prompt(20, seed=2), GREEDY)
     engine.step()
@@ -106,7 +98,7 @@ def test_abort_frees_blocks_at_once_and_reports_on_next_step(checkpoint, helpers
 
 def test_abort_of_a_waiting_request(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder, max_num_seqs=1)
+    engine = make_llm(folder, max_num_seqs=1)
     engine.add_request("first", helpers.random_prompt(8, seed=1), GREEDY)
     engine.add_request("queued", helpers.random_prompt(8, seed=2), GREEDY)
     first_token = engine.step()[0].new_token_ids
@@ -122,8 +114,8 @@ def test_abort_of_a_waiting_request(checkpoint, helpers):
 def test_random_aborts_under_pressure_never_leak_or_corrupt(checkpoint, helpers):
     folder, _ = checkpoint("mistral")
     batch = prompts(helpers, 12, seed=300)
-    expected = make_engine(folder).generate(batch, GREEDY)
-    engine = make_engine(folder, num_blocks=14, max_num_batched_tokens=20)
+    expected = generate(make_llm(folder), batch, GREEDY)
+    engine = make_llm(folder, num_blocks=14, max_num_batched_tokens=20)
     for i, prompt in enumerate(batch):
         engine.add_request(f"r{i}", prompt, GREEDY)
     doomed = {"r1", "r4", "r7", "r10"}
@@ -150,7 +142,7 @@ def test_random_aborts_under_pressure_never_leak_or_corrupt(checkpoint, helpers)
 
 def test_max_num_seqs_caps_running(checkpoint, helpers):
     folder, _ = checkpoint("llama")
-    engine = make_engine(folder, max_num_seqs=3)
+    engine = make_llm(folder, max_num_seqs=3)
     for i in range(6):
         engine.add_request(f"r{i}", helpers.random_prompt(5, seed=i), GREEDY)
     for _ in range(10):

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from engine_backend import LocalEngine
 
 
-def break_sampling(engine: LocalEngine, seed: int) -> Callable[[], None]:
+def break_sampling(local_engine: LocalEngine, seed: int) -> Callable[[], None]:
     """Make the sampler fail on any batch holding a request with `seed`, as a value no check
     foresaw would; returns the undo."""
-    llm = engine.engine
+    llm = local_engine.llm
     real = llm.sampler
 
     class Breaking:

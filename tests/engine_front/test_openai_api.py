@@ -7,19 +7,20 @@ import time
 
 import pytest
 
-from engine_backend import EngineRequestError, LocalEngine
+from engine_backend import EngineConfig, EngineRequestError, LocalEngine
+from engine_backend.openai_response import CHAT, COMPLETIONS
 
 LONG_TEXT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(10))
 
 
 @pytest.fixture
 async def local(tiny_model_dir: str):
-    engine = LocalEngine.from_model(
+    local_engine = LocalEngine.from_model(
         tiny_model_dir, num_blocks=128, max_num_batched_tokens=256, isolate_tenants=True
     )
-    await engine.start()
-    yield engine
-    await engine.aclose()
+    await local_engine.start()
+    yield local_engine
+    await local_engine.aclose()
 
 
 def chat(content: str = "Hello!", **extra) -> dict:
@@ -36,8 +37,8 @@ def chat(content: str = "Hello!", **extra) -> dict:
 async def test_chat_stream_has_openai_shape(local: LocalEngine) -> None:
     chunks = [
         c
-        async for c in local.chat_completion_stream(
-            chat(stream=True, stream_options={"include_usage": True})
+        async for c in local.stream(
+            chat(stream=True, stream_options={"include_usage": True}), endpoint=CHAT
         )
     ]
     first, *middle, finish, usage = chunks
@@ -53,7 +54,7 @@ async def test_chat_stream_has_openai_shape(local: LocalEngine) -> None:
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
     assert all(c["usage"] is None for c in chunks[:-1])
     assert len({c["id"] for c in chunks}) == 1
-    full = await local.chat_completion(chat())
+    full = await local.complete(chat(), endpoint=CHAT)
     assert full["object"] == "chat.completion"
     assert full["choices"][0]["message"]["content"] == "".join(
         c["choices"][0]["delta"]["content"] for c in chunks[:-2]
@@ -63,31 +64,43 @@ async def test_chat_stream_has_openai_shape(local: LocalEngine) -> None:
     assert full["usage"]["total_tokens"] == len(prompt_ids) + 8
 
 
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+async def test_responses_name_the_model_the_client_asked_for(local: LocalEngine, endpoint) -> None:
+    """The gateway's `local-*` route passes on whatever name matched; clients read it back."""
+    body = chat(max_tokens=2) if endpoint is CHAT else {"prompt": "Hi", "max_tokens": 2}
+    asked = {**body, "model": "local-x"}
+    chunks = [c async for c in local.stream(asked, endpoint=endpoint)]
+    assert chunks and {c["model"] for c in chunks} == {"local-x"}
+    assert (await local.complete(asked, endpoint=endpoint))["model"] == "local-x"
+    unnamed = {k: v for k, v in body.items() if k != "model"}
+    assert (await local.complete(unnamed, endpoint=endpoint))["model"] == local.model_name
+
+
 async def test_without_include_usage_there_is_no_usage_chunk(local: LocalEngine) -> None:
-    chunks = [c async for c in local.chat_completion_stream(chat(max_tokens=3))]
+    chunks = [c async for c in local.stream(chat(max_tokens=3), endpoint=CHAT)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all("usage" not in c for c in chunks)
 
 
 async def test_completion_shapes_and_token_prompt(local: LocalEngine) -> None:
     body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 6, "ignore_eos": True}
-    full = await local.completion(body)
+    full = await local.complete(body, endpoint=COMPLETIONS)
     assert full["object"] == "text_completion"
-    chunks = [c async for c in local.completion_stream({**body, "stream": True})]
+    chunks = [c async for c in local.stream({**body, "stream": True}, endpoint=COMPLETIONS)]
     assert all(c["object"] == "text_completion" for c in chunks)
     assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     ids = local.tokenizer.encode("Once upon a time", add_special_tokens=True)
-    by_ids = await local.completion({**body, "prompt": [ids]})
+    by_ids = await local.complete({**body, "prompt": [ids]}, endpoint=COMPLETIONS)
     assert by_ids["choices"][0]["text"] == full["choices"][0]["text"]
     assert by_ids["usage"]["prompt_tokens"] == len(ids)
 
 
 async def test_cached_tokens_and_tenant_isolation(local: LocalEngine) -> None:
     body = chat(LONG_TEXT, max_tokens=2)
-    first = await local.chat_completion(body, tenant="a")
-    again = await local.chat_completion(body, tenant="a")
-    other = await local.chat_completion(body, tenant="b")
+    first = await local.complete(body, endpoint=CHAT, tenant="a")
+    again = await local.complete(body, endpoint=CHAT, tenant="a")
+    other = await local.complete(body, endpoint=CHAT, tenant="b")
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     prompt_tokens = again["usage"]["prompt_tokens"]
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -97,14 +110,16 @@ async def test_cached_tokens_and_tenant_isolation(local: LocalEngine) -> None:
 
 async def test_stop_and_max_completion_tokens(local: LocalEngine) -> None:
     reference = (
-        await local.completion(
-            {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True}
+        await local.complete(
+            {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True},
+            endpoint=COMPLETIONS,
         )
     )["choices"][0]["text"]
     stop = reference[10:13]
     cut = reference.find(stop)
-    stopped = await local.completion(
-        {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True, "stop": stop}
+    stopped = await local.complete(
+        {"prompt": "abc", "temperature": 0, "max_tokens": 30, "ignore_eos": True, "stop": stop},
+        endpoint=COMPLETIONS,
     )
     assert stopped["choices"][0] == {
         "index": 0,
@@ -112,22 +127,25 @@ async def test_stop_and_max_completion_tokens(local: LocalEngine) -> None:
         "logprobs": None,
         "finish_reason": "stop",
     }
-    both = await local.completion(
-        {"prompt": "abc", "max_tokens": 30, "max_completion_tokens": 4, "ignore_eos": True}
+    both = await local.complete(
+        {"prompt": "abc", "max_tokens": 30, "max_completion_tokens": 4, "ignore_eos": True},
+        endpoint=COMPLETIONS,
     )
     assert both["usage"]["completion_tokens"] == 4
 
 
 async def test_seeded_sampling_is_reproducible(local: LocalEngine) -> None:
     body = chat(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=12)
-    a, b = await asyncio.gather(local.chat_completion(body), local.chat_completion(body))
+    a, b = await asyncio.gather(
+        local.complete(body, endpoint=CHAT), local.complete(body, endpoint=CHAT)
+    )
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
 
 
 async def test_text_content_parts_are_joined(local: LocalEngine) -> None:
     parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo!"}]
-    as_parts = await local.chat_completion(chat(parts))
-    as_string = await local.chat_completion(chat("Hello!"))
+    as_parts = await local.complete(chat(parts), endpoint=CHAT)
+    as_string = await local.complete(chat("Hello!"), endpoint=CHAT)
     assert as_parts["choices"] == as_string["choices"]
 
 
@@ -148,12 +166,12 @@ async def test_text_content_parts_are_joined(local: LocalEngine) -> None:
     ],
 )
 async def test_bad_requests_fail_before_the_first_chunk(local, body, param) -> None:
-    stream = local.chat_completion_stream({**body, "stream": True})
+    stream = local.stream({**body, "stream": True}, endpoint=CHAT)
     with pytest.raises(EngineRequestError) as info:
         await stream.__anext__()
     assert info.value.param == param
     with pytest.raises(EngineRequestError):
-        await local.chat_completion(body)
+        await local.complete(body, endpoint=CHAT)
 
 
 def deep(levels: int) -> dict:
@@ -212,6 +230,8 @@ def deep(levels: int) -> dict:
         ("stop", ["a"] * 17),
         ("stop", {"a": 1}),
         ("cache_salt", 5),
+        ("model", 5),
+        ("model", "m" * 2000),
         ("cache_salt", "s" * 5000),
         ("chat_template_kwargs", [1]),
         ("chat_template_kwargs", {"tools": 1}),
@@ -229,17 +249,19 @@ async def test_every_field_the_engine_reads_is_checked(local, field, value) -> N
     """A wrong type or range is a 400 naming the field, for the stream and the full answer,
     and never reaches the engine (nothing is queued, nothing is left behind)."""
     body = {**chat(), field: value}
-    stream = local.chat_completion_stream(body)
+    stream = local.stream(body, endpoint=CHAT)
     with pytest.raises(EngineRequestError) as info:
         await stream.__anext__()
     assert info.value.param == field
     with pytest.raises(EngineRequestError) as info:
-        await local.chat_completion(body)
+        await local.complete(body, endpoint=CHAT)
     assert info.value.param == field
     if field not in ("tools", "chat_template_kwargs"):  # chat only: completions never read them
         with pytest.raises(EngineRequestError):
-            await local.completion({"prompt": "Hi", "max_tokens": 2, field: value})
-    assert local.engine.requests == {} and not local.engine.has_unfinished()
+            await local.complete(
+                {"prompt": "Hi", "max_tokens": 2, field: value}, endpoint=COMPLETIONS
+            )
+    assert local.llm.requests == {} and not local.llm.has_unfinished()
 
 
 @pytest.mark.parametrize(
@@ -255,7 +277,7 @@ async def test_every_field_the_engine_reads_is_checked(local, field, value) -> N
 async def test_message_fields_templates_read_are_typed(local, content, name) -> None:
     message = {"role": "user", "content": content, **({"name": name} if name else {})}
     with pytest.raises(EngineRequestError) as info:
-        await local.chat_completion({"messages": [message], "max_tokens": 2})
+        await local.complete({"messages": [message], "max_tokens": 2}, endpoint=CHAT)
     assert info.value.param == "messages"
 
 
@@ -274,17 +296,17 @@ async def test_values_at_their_bounds_are_served(local: LocalEngine) -> None:
             "chat_template_kwargs": {"add_generation_prompt": True},
         },
     ):
-        out = await local.chat_completion({**chat(), **extra, "max_tokens": 3})
+        out = await local.complete({**chat(), **extra, "max_tokens": 3}, endpoint=CHAT)
         assert out["usage"]["completion_tokens"] == 3
 
 
 async def test_a_template_that_breaks_on_the_kwargs_is_a_400(local: LocalEngine) -> None:
     local.tokenizer.chat_template += "{% if budget is defined %}{{ 100 // budget }}{% endif %}"
     local.tokenizer._compiled_template = None
-    ok = await local.chat_completion({**chat(), "chat_template_kwargs": {"budget": 4}})
+    ok = await local.complete({**chat(), "chat_template_kwargs": {"budget": 4}}, endpoint=CHAT)
     assert ok["usage"]["completion_tokens"] == 8
     with pytest.raises(EngineRequestError, match="ZeroDivisionError") as info:
-        await local.chat_completion({**chat(), "chat_template_kwargs": {"budget": 0}})
+        await local.complete({**chat(), "chat_template_kwargs": {"budget": 0}}, endpoint=CHAT)
     assert info.value.param == "chat_template_kwargs"
 
 
@@ -296,15 +318,15 @@ async def test_bad_completion_prompts(local: LocalEngine) -> None:
         ("", "empty"),
     ):
         with pytest.raises(EngineRequestError, match=match) as info:
-            await local.completion({"prompt": prompt, "max_tokens": 2})
+            await local.complete({"prompt": prompt, "max_tokens": 2}, endpoint=COMPLETIONS)
         assert info.value.param == "prompt"
 
 
 async def test_closing_the_stream_aborts_the_request(local: LocalEngine) -> None:
-    stream = local.chat_completion_stream(chat(max_tokens=400))
+    stream = local.stream(chat(max_tokens=400), endpoint=CHAT)
     await stream.__anext__()
     await stream.__anext__()
-    manager = local.engine.block_manager
+    manager = local.llm.block_manager
     assert manager.num_free_blocks < manager.num_total_blocks
     await stream.aclose()
     deadline = time.monotonic() + 2
@@ -315,9 +337,18 @@ async def test_closing_the_stream_aborts_the_request(local: LocalEngine) -> None
 
 def test_demo_model_card_says_random(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FIRSTTOKEN_CACHE_DIR", str(tmp_path))
-    engine = LocalEngine.from_model(demo=True, num_blocks=16)
-    (card,) = engine.model_cards()
-    assert card["id"] == engine.model_name == "firsttoken-demo-random"
+    local_engine = LocalEngine.from_model(demo=True, num_blocks=16)
+    (card,) = local_engine.model_cards()
+    assert card["id"] == local_engine.model_name == "firsttoken-demo-random"
     assert card["object"] == "model" and "random" in card["description"].lower()
     with pytest.raises(ValueError):
         LocalEngine.from_model()
+
+
+def test_an_option_given_as_none_takes_the_engine_default(tiny_model_dir: str) -> None:
+    """The gateway passes its unset settings as None; they must not override EngineConfig."""
+    default = EngineConfig(model="x").max_num_batched_tokens
+    unset = LocalEngine.from_model(tiny_model_dir, num_blocks=16, max_num_batched_tokens=None)
+    assert unset.llm.config.max_num_batched_tokens == default
+    given = LocalEngine.from_model(tiny_model_dir, num_blocks=16, max_num_batched_tokens=64)
+    assert given.llm.config.max_num_batched_tokens == 64

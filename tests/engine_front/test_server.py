@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -12,26 +11,28 @@ import orjson
 import pytest
 import uvicorn
 
+from bench.harness import free_port
 from engine_backend import LocalEngine
 from engine_backend.server import build_parser, create_app, main
 from tests.engine_front.faults import break_sampling
+from tests.support.clients import sdk_client
 
 LONG_TEXT = " ".join(f"rule {i}: answer briefly and cite the source." for i in range(12))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: str):
-    engine = LocalEngine.from_model(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256)
+    local_engine = LocalEngine.from_model(
+        tiny_model_dir, num_blocks=128, max_num_batched_tokens=256
+    )
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+            create_app(local_engine),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
@@ -40,16 +41,16 @@ def served(tiny_model_dir: str):
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.started, "server did not start"
-    yield f"http://127.0.0.1:{port}", engine
+    yield f"http://127.0.0.1:{port}", local_engine
     server.should_exit = True
     thread.join(15)
     assert not thread.is_alive()
-    assert not engine.async_engine.is_running
+    assert not local_engine.thread.is_running
 
 
 @pytest.fixture
 def client(served) -> openai.OpenAI:
-    with openai.OpenAI(base_url=served[0] + "/v1", api_key="key-a", max_retries=0, timeout=30) as c:
+    with sdk_client(served[0], "key-a", timeout=30) as c:
         yield c
 
 
@@ -142,7 +143,7 @@ def test_bad_requests_are_openai_400s(client: openai.OpenAI) -> None:
 def test_poison_values_are_400s_and_the_engine_keeps_serving(served, field, value) -> None:
     """What used to overflow inside a step (or break the template with a 500) is a 400 naming
     the field; a stream that was already running finishes in full."""
-    base, engine = served
+    base, local_engine = served
     body = {
         "model": "tiny",
         "messages": messages(),
@@ -163,13 +164,13 @@ def test_poison_values_are_400s_and_the_engine_keeps_serving(served, field, valu
                 assert bad.json()["error"]["param"] == field
             rest = [orjson.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert rest[-1]["choices"][0]["finish_reason"] == "length"
-    assert engine.async_engine.is_running
+    assert local_engine.thread.is_running
 
 
 def test_a_request_failing_in_the_engine_is_a_500_or_an_in_stream_error(served) -> None:
-    base, engine = served
+    base, local_engine = served
     body = {"model": "tiny", "messages": messages(), "max_tokens": 5, "seed": 31337}
-    restore = break_sampling(engine, 31337)
+    restore = break_sampling(local_engine, 31337)
     try:
         with httpx.Client(base_url=base, timeout=30) as http:
             full = http.post("/v1/chat/completions", json=body)
@@ -182,7 +183,7 @@ def test_a_request_failing_in_the_engine_is_a_500_or_an_in_stream_error(served) 
     assert full.json()["error"]["message"] == "engine error: sampling failed (RuntimeError)"
     assert events[-1] == "[DONE]"
     assert orjson.loads(events[-2])["error"]["type"] == "server_error"
-    assert fine.status_code == 200 and engine.async_engine.is_running
+    assert fine.status_code == 200 and local_engine.thread.is_running
 
 
 def test_raw_sse_framing_and_errors(served) -> None:
@@ -206,8 +207,8 @@ def test_raw_sse_framing_and_errors(served) -> None:
 
 
 def test_client_disconnect_aborts_the_request(served) -> None:
-    base, engine = served
-    manager = engine.engine.block_manager
+    base, local_engine = served
+    manager = local_engine.llm.block_manager
     body = {
         "model": "tiny",
         "messages": messages(),
@@ -225,7 +226,7 @@ def test_client_disconnect_aborts_the_request(served) -> None:
     while manager.num_free_blocks < manager.num_total_blocks and time.monotonic() < deadline:
         time.sleep(0.02)
     assert manager.num_free_blocks == manager.num_total_blocks
-    assert engine.engine.requests == {}
+    assert local_engine.llm.requests == {}
 
 
 def test_cli_arguments_and_startup_errors(capsys) -> None:

@@ -2,12 +2,12 @@
 
 LLMEngine is single-threaded and its `step()` blocks for a whole forward pass, so it
 runs in a dedicated thread while asyncio serves HTTP. Requests and aborts reach the
-thread through a lock-free inbox; outputs come back through each request's asyncio
-queue via `loop.call_soon_threadsafe`. Detokenization and stop strings are handled in
-the thread too, so a matched stop string aborts the sequence before the next step
-spends time on it. A failure that belongs to one request (its sampling, its
-detokenization) ends that request's stream with RequestFailedError and nothing else;
-only a failed step as a whole ends every stream (EngineClosedError).
+thread as typed messages through a lock-free inbox; outputs come back through each
+request's asyncio queue via `loop.call_soon_threadsafe`. Detokenization and stop
+strings are handled in the thread too, so a matched stop string aborts the sequence
+before the next step spends time on it. A failure that belongs to one request (its
+sampling, its detokenization) ends that request's stream with RequestFailedError and
+nothing else; only a failed step as a whole ends every stream (EngineClosedError).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import collections
 import itertools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine_backend.llm_engine import LLMEngine, StepOutput
 from engine_backend.sampling import SamplingParams
 from engine_backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -52,18 +54,44 @@ class RequestOutput:
     num_output_tokens: int
 
 
+# What a request's queue carries: its outputs, then possibly the error that ended it.
+OutputQueue = asyncio.Queue[RequestOutput | BaseException]
+
+
 @dataclass
 class _Tracked:
     """Engine-thread state of one live request."""
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: OutputQueue
     detokenizer: IncrementalDetokenizer | None
     stop: list[str]
     text: str = ""
     sent: int = 0
     num_output_tokens: int = 0
-    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Inbox message: queue a request; `accepted` is settled once the engine took it or
+    refused it (the refusal, a ValueError, is the future's exception)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    tracked: _Tracked
+    accepted: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """Inbox message: drop a request and free its blocks before the next step."""
+
+    request_id: str
+
+
+InboxMessage = AddRequest | AbortRequest
 
 
 def _stop_hold_back(text: str, stops: list[str]) -> int:
@@ -87,8 +115,8 @@ class RequestStream:
     """Async iterator over one request's outputs. Closing it early aborts the request,
     which frees its KV blocks in the engine at once."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue) -> None:
-        self._engine = engine
+    def __init__(self, thread: EngineThread, request_id: str, queue: OutputQueue) -> None:
+        self._thread = thread
         self.request_id = request_id
         self._queue = queue
         self._done = False
@@ -111,29 +139,29 @@ class RequestStream:
         """Stop the request now (synchronous, safe inside `finally` during cancellation)."""
         if not self._done:
             self._done = True
-            self._engine.abort(self.request_id)
+            self._thread.abort(self.request_id)
 
     async def aclose(self) -> None:
         self.abort()
 
 
-class AsyncEngine:
+class EngineThread:
     """Runs an LLMEngine in a background thread and serves per-request async streams."""
 
-    def __init__(self, engine: Any, tokenizer: Tokenizer | None = None) -> None:
-        self.engine = engine
+    def __init__(self, llm: LLMEngine, tokenizer: Tokenizer | None = None) -> None:
+        self.llm = llm
         self.tokenizer = tokenizer
-        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._inbox: collections.deque[InboxMessage] = collections.deque()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self._start_lock = threading.Lock()
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker is not None and self._worker.is_alive()
 
     def start(self) -> None:
         """Start the engine thread; calling it again is harmless."""
@@ -141,18 +169,18 @@ class AsyncEngine:
             if self.is_running:
                 return
             self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="firsttoken-engine", daemon=True)
-            self._thread.start()
+            self._worker = threading.Thread(target=self._run, name="firsttoken-engine", daemon=True)
+            self._worker.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the thread after its current step; pending requests get EngineClosedError."""
         self._stopping.set()
         self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
+        if self._worker is not None:
+            self._worker.join(timeout)
+            if self._worker.is_alive():
                 logger.warning("engine thread did not stop within %.0f s", timeout)
-            self._thread = None
+            self._worker = None
 
     async def add_request(
         self,
@@ -175,8 +203,8 @@ class AsyncEngine:
             raise ValueError("stop strings need a tokenizer")
         loop = asyncio.get_running_loop()
         request_id = request_id or f"req-{next(self._ids)}"
-        queue: asyncio.Queue = asyncio.Queue()
-        accepted: asyncio.Future = loop.create_future()
+        queue: OutputQueue = asyncio.Queue()
+        accepted: asyncio.Future[None] = loop.create_future()
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
             if self.tokenizer is not None
@@ -186,7 +214,7 @@ class AsyncEngine:
             loop=loop, queue=queue, detokenizer=detokenizer, stop=[s for s in (stop or []) if s]
         )
         self._post(
-            "add", (request_id, list(prompt_token_ids), params, cache_salt, tracked, accepted)
+            AddRequest(request_id, list(prompt_token_ids), params, cache_salt, tracked, accepted)
         )
         try:
             await accepted
@@ -197,24 +225,24 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Ask the engine thread to drop a request; its blocks are freed before the next step."""
-        self._post("abort", request_id)
+        self._post(AbortRequest(request_id))
 
     # -- engine thread -------------------------------------------------------------------
 
-    def _post(self, kind: str, payload: Any) -> None:
-        self._inbox.append((kind, payload))
+    def _post(self, message: InboxMessage) -> None:
+        self._inbox.append(message)
         self._wakeup.set()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._wakeup.clear()
             self._drain_inbox()
-            if not self.engine.has_unfinished():
+            if not self.llm.has_unfinished():
                 self._wakeup.wait(IDLE_WAIT_S)
                 continue
             try:
-                outputs = self.engine.step()
-            except Exception as exc:  # a failed step must not hang every client
+                outputs = self.llm.step()
+            except Exception as exc:  # a failed step must not hang every client (logged)
                 logger.exception("engine step failed")
                 self._fail_all(EngineClosedError(f"engine step failed: {exc}"))
                 continue
@@ -222,7 +250,7 @@ class AsyncEngine:
                 tracked = self._tracked.get(output.request_id)
                 try:
                     self._deliver(output)
-                except Exception:  # detokenizing or stop strings broke on this request only
+                except Exception:  # detokenizing or stop strings broke this request only
                     logger.exception("delivering output of %s failed", output.request_id)
                     self._fail_one(output.request_id, tracked, "detokenization failed")
         self._drain_inbox()
@@ -230,35 +258,29 @@ class AsyncEngine:
 
     def _drain_inbox(self) -> None:
         while self._inbox:
-            kind, payload = self._inbox.popleft()
-            if kind == "add":
-                self._accept(*payload)
+            message = self._inbox.popleft()
+            if isinstance(message, AddRequest):
+                self._accept(message)
             else:
-                self._abort_now(payload)
+                self._abort_now(message.request_id)
 
-    def _accept(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        cache_salt: str | None,
-        tracked: _Tracked,
-        accepted: asyncio.Future,
-    ) -> None:
+    def _accept(self, add: AddRequest) -> None:
         error: BaseException | None = None
         try:
-            self.engine.add_request(request_id, prompt, params, cache_salt=cache_salt)
-            self._tracked[request_id] = tracked
-        except Exception as exc:
+            self.llm.add_request(
+                add.request_id, add.prompt_token_ids, add.params, cache_salt=add.cache_salt
+            )
+            self._tracked[add.request_id] = add.tracked
+        except Exception as exc:  # noqa: BLE001 -- a refusal goes to its caller; the thread goes on
             error = exc
-        self._call_in_loop(tracked.loop, _settle, accepted, error)
+        self._call_in_loop(add.tracked.loop, _settle, add.accepted, error)
 
     def _abort_now(self, request_id: str) -> None:
         if self._tracked.pop(request_id, None) is None:
             return
         try:
-            self.engine.abort_request(request_id)
-        except Exception:
+            self.llm.abort_request(request_id)
+        except Exception:  # the thread must go on serving the others (logged)
             logger.exception("abort of %s failed", request_id)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -273,18 +295,17 @@ class AsyncEngine:
         self._abort_now(request_id)
         self._call_in_loop(tracked.loop, tracked.queue.put_nowait, RequestFailedError(message))
 
-    def _deliver(self, out: Any) -> None:
+    def _deliver(self, out: StepOutput) -> None:
         tracked = self._tracked.get(out.request_id)
         if tracked is None:  # aborted by us; the engine may still report it once
             return
-        if getattr(out, "error", None) is not None:  # the engine already dropped it
+        if out.error is not None:  # the engine already dropped it
             self._tracked.pop(out.request_id, None)
             self._call_in_loop(
                 tracked.loop, tracked.queue.put_nowait, RequestFailedError(out.error)
             )
             return
         tracked.num_output_tokens += len(out.new_token_ids)
-        tracked.num_cached_tokens = out.num_cached_tokens
         finished, reason = out.finished, out.finish_reason
         if tracked.detokenizer is not None:
             tracked.text += tracked.detokenizer.add(out.new_token_ids)
@@ -318,14 +339,16 @@ class AsyncEngine:
         self._call_in_loop(tracked.loop, tracked.queue.put_nowait, result)
 
     @staticmethod
-    def _call_in_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    def _call_in_loop(
+        loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any
+    ) -> None:
         try:
             loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the client's event loop is gone; nobody is listening
             pass
 
 
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
     if future.done():
         return
     if error is None:

@@ -8,36 +8,34 @@ import time
 
 import pytest
 
-from engine_backend import async_engine as async_engine_module
-from engine_backend.async_engine import AsyncEngine, EngineClosedError, RequestFailedError
-from engine_backend.config import EngineConfig
+from engine_backend import engine_thread as engine_thread_module
+from engine_backend.engine_thread import EngineClosedError, EngineThread, RequestFailedError
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
 from engine_backend.tokenizer import IncrementalDetokenizer, Tokenizer
+from tests.engine.engines import generate, make_llm
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-def make_engine(model_dir: str) -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(model=model_dir, num_blocks=128, block_size=16, max_num_batched_tokens=256)
-    )
+# Blocks of 16 tokens, as the gateway's engine has them.
+OPTIONS = {"num_blocks": 128, "block_size": 16, "max_num_batched_tokens": 256}
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: str) -> LLMEngine:
-    return make_engine(tiny_model_dir)
+    return make_llm(tiny_model_dir, **OPTIONS)
 
 
 @pytest.fixture
-async def engine(tiny_model_dir: str):
+async def thread(tiny_model_dir: str):
     tokenizer = Tokenizer(tiny_model_dir)
     _text_ids[:] = tokenizer.encode(_ASCII_TEXT)
-    async_engine = AsyncEngine(make_engine(tiny_model_dir), tokenizer)
-    async_engine.start()
-    yield async_engine
-    await asyncio.to_thread(async_engine.shutdown)
-    assert not async_engine.is_running
+    thread = EngineThread(make_llm(tiny_model_dir, **OPTIONS), tokenizer)
+    thread.start()
+    yield thread
+    await asyncio.to_thread(thread.shutdown)
+    assert not thread.is_running
 
 
 _ASCII_TEXT = " ".join(f"item{i} costs {i * 37 % 101} coins;" for i in range(400))
@@ -47,31 +45,31 @@ _text_ids: list[int] = []
 def prompt(n: int, offset: int = 0) -> list[int]:
     """n token ids of plain ASCII text, so the prompt ends on a whole character and the
     streamed text can be compared with a plain decode of the output ids."""
-    assert _text_ids, "needs the engine fixture"
+    assert _text_ids, "needs the thread fixture"
     assert offset + n <= len(_text_ids)
     return _text_ids[offset : offset + n]
 
 
-async def wait_all_blocks_free(engine: AsyncEngine, timeout: float = 5.0) -> None:
-    manager = engine.engine.block_manager
+async def wait_all_blocks_free(thread: EngineThread, timeout: float = 5.0) -> None:
+    manager = thread.llm.block_manager
     deadline = time.monotonic() + timeout
     while manager.num_free_blocks != manager.num_total_blocks and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert manager.num_free_blocks == manager.num_total_blocks
-    assert engine.engine.requests == {}
+    assert thread.llm.requests == {}
 
 
-async def collect(engine: AsyncEngine, ids: list[int], params: SamplingParams, **kw):
-    stream = await engine.add_request(ids, params, **kw)
+async def collect(thread: EngineThread, ids: list[int], params: SamplingParams, **kw):
+    stream = await thread.add_request(ids, params, **kw)
     outputs = [out async for out in stream]
     return outputs
 
 
-async def test_concurrent_streams_match_the_synchronous_engine(engine, reference) -> None:
+async def test_concurrent_streams_match_the_synchronous_engine(thread, reference) -> None:
     prompts = [prompt(n, n) for n in (5, 40, 130, 300)]
     params = SamplingParams(max_tokens=12, **GREEDY)
-    expected = reference.generate(prompts, params)
-    results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
+    expected = generate(reference, prompts, params)
+    results = await asyncio.gather(*(collect(thread, p, params) for p in prompts))
     for outputs, want, p in zip(results, expected, prompts, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
         assert [out.finished for out in outputs] == [False] * (len(outputs) - 1) + [True]
@@ -79,37 +77,37 @@ async def test_concurrent_streams_match_the_synchronous_engine(engine, reference
         assert outputs[-1].num_output_tokens == 12
         assert outputs[-1].num_prompt_tokens == len(p)
         text = "".join(out.text for out in outputs)
-        assert text == engine.tokenizer.decode(want)
-    await wait_all_blocks_free(engine)
+        assert text == thread.tokenizer.decode(want)
+    await wait_all_blocks_free(thread)
 
 
-async def test_repeated_prompt_reports_cached_tokens(engine) -> None:
+async def test_repeated_prompt_reports_cached_tokens(thread) -> None:
     ids = prompt(100)
     params = SamplingParams(max_tokens=2, **GREEDY)
-    first = await collect(engine, ids, params)
-    second = await collect(engine, ids, params)
+    first = await collect(thread, ids, params)
+    second = await collect(thread, ids, params)
     assert first[-1].num_cached_tokens == 0
     assert second[-1].num_cached_tokens == 96  # six full blocks; the last token is recomputed
     assert [t for o in first for t in o.token_ids] == [t for o in second for t in o.token_ids]
 
 
-async def test_closing_the_stream_aborts_and_frees_blocks_at_once(engine) -> None:
-    stream = await engine.add_request(prompt(200), SamplingParams(max_tokens=500, **GREEDY))
+async def test_closing_the_stream_aborts_and_frees_blocks_at_once(thread) -> None:
+    stream = await thread.add_request(prompt(200), SamplingParams(max_tokens=500, **GREEDY))
     received = [await stream.__anext__() for _ in range(3)]
     assert not received[-1].finished
-    manager = engine.engine.block_manager
+    manager = thread.llm.block_manager
     assert manager.num_free_blocks < manager.num_total_blocks
     await stream.aclose()
-    await wait_all_blocks_free(engine, timeout=2.0)
+    await wait_all_blocks_free(thread, timeout=2.0)
     with pytest.raises(StopAsyncIteration):
         await stream.__anext__()
 
 
-async def test_cancelled_consumer_aborts_the_request(engine) -> None:
+async def test_cancelled_consumer_aborts_the_request(thread) -> None:
     got_one = asyncio.Event()
 
     async def consume() -> None:
-        stream = await engine.add_request(prompt(64), SamplingParams(max_tokens=500, **GREEDY))
+        stream = await thread.add_request(prompt(64), SamplingParams(max_tokens=500, **GREEDY))
         try:
             async for _ in stream:
                 got_one.set()
@@ -121,13 +119,13 @@ async def test_cancelled_consumer_aborts_the_request(engine) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_all_blocks_free(engine, timeout=2.0)
+    await wait_all_blocks_free(thread, timeout=2.0)
 
 
-async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -> None:
-    tok = engine.tokenizer
+async def test_stop_string_cuts_text_and_stops_the_sequence(thread, reference) -> None:
+    tok = thread.tokenizer
     ids = prompt(20, 3)
-    full_ids = reference.generate([ids], SamplingParams(max_tokens=40, **GREEDY))[0]
+    full_ids = generate(reference, [ids], SamplingParams(max_tokens=40, **GREEDY))[0]
     full_text = tok.decode(full_ids)
     # A stop string that straddles tokens, taken from the middle of the greedy output.
     middle = len(tok.decode(full_ids[:20]))
@@ -135,7 +133,7 @@ async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -
     cut = full_text.find(stop)
     assert len(stop) == 4 and cut >= 0
     outputs = await collect(
-        engine, ids, SamplingParams(max_tokens=40, **GREEDY), stop=["never-in-output-\x00", stop]
+        thread, ids, SamplingParams(max_tokens=40, **GREEDY), stop=["never-in-output-\x00", stop]
     )
     text = "".join(o.text for o in outputs)
     assert text == full_text[:cut]
@@ -143,40 +141,40 @@ async def test_stop_string_cuts_text_and_stops_the_sequence(engine, reference) -
     assert outputs[-1].num_output_tokens < 40
     # Text that could be the start of the stop string was held back, never sent early.
     assert all(stop not in o.text for o in outputs)
-    await wait_all_blocks_free(engine)
+    await wait_all_blocks_free(thread)
 
 
-async def test_a_sampling_failure_ends_that_stream_alone(engine, reference) -> None:
+async def test_a_sampling_failure_ends_that_stream_alone(thread, reference) -> None:
     """A row the sampler cannot draw (a top_k past int64 that bypassed every check) ends its
     own stream with RequestFailedError; the concurrent streams finish with their full output
     and the engine keeps serving."""
     prompts = [prompt(n, n) for n in (5, 40, 130)]
     params = SamplingParams(max_tokens=12, **GREEDY)
-    expected = reference.generate(prompts, params)
+    expected = generate(reference, prompts, params)
     poison = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
     poison.top_k = 2**63
 
     async def poisoned() -> BaseException:
-        stream = await engine.add_request(prompt(30, 7), poison)
+        stream = await thread.add_request(prompt(30, 7), poison)
         with pytest.raises(RequestFailedError, match="sampling failed") as info:
             async for _ in stream:
                 pass
         return info.value
 
     *results, error = await asyncio.gather(
-        *(collect(engine, p, params) for p in prompts), poisoned()
+        *(collect(thread, p, params) for p in prompts), poisoned()
     )
     assert not isinstance(error, EngineClosedError)
     for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
         assert outputs[-1].finish_reason == "length"
-    assert engine.is_running
-    await wait_all_blocks_free(engine)
-    again = await collect(engine, prompts[0], params)
+    assert thread.is_running
+    await wait_all_blocks_free(thread)
+    again = await collect(thread, prompts[0], params)
     assert [t for out in again for t in out.token_ids] == expected[0]
 
 
-async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference, monkeypatch) -> None:
+async def test_a_detokenizer_failure_ends_that_stream_alone(thread, reference, monkeypatch) -> None:
     marker = prompt(30, 7)
 
     class Fragile(IncrementalDetokenizer):
@@ -192,46 +190,46 @@ async def test_a_detokenizer_failure_ends_that_stream_alone(engine, reference, m
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
             return super().add(token_ids)
 
-    monkeypatch.setattr(async_engine_module, "IncrementalDetokenizer", Fragile)
+    monkeypatch.setattr(engine_thread_module, "IncrementalDetokenizer", Fragile)
     prompts = [prompt(n, n) for n in (5, 40, 130)]
     params = SamplingParams(max_tokens=12, **GREEDY)
-    expected = reference.generate(prompts, params)
+    expected = generate(reference, prompts, params)
 
     async def fragile() -> list:
-        stream = await engine.add_request(marker, SamplingParams(max_tokens=40, **GREEDY))
+        stream = await thread.add_request(marker, SamplingParams(max_tokens=40, **GREEDY))
         seen = []
         with pytest.raises(RequestFailedError, match="detokenization failed"):
             async for out in stream:
                 seen.append(out)
         return seen
 
-    *results, seen = await asyncio.gather(*(collect(engine, p, params) for p in prompts), fragile())
+    *results, seen = await asyncio.gather(*(collect(thread, p, params) for p in prompts), fragile())
     assert len(seen) == 2 and not seen[-1].finished
     for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
-        assert "".join(o.text for o in outputs) == engine.tokenizer.decode(want)
-    await wait_all_blocks_free(engine)  # the failed request was aborted in the engine too
+        assert "".join(o.text for o in outputs) == thread.tokenizer.decode(want)
+    await wait_all_blocks_free(thread)  # the failed request was aborted in the engine too
 
 
-async def test_engine_validation_error_reaches_the_caller(engine) -> None:
+async def test_engine_validation_error_reaches_the_caller(thread) -> None:
     with pytest.raises(ValueError, match="vocabulary"):
-        await engine.add_request([10_000_000], SamplingParams(max_tokens=2))
+        await thread.add_request([10_000_000], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="max_model_len"):
-        await engine.add_request(prompt(10), SamplingParams(max_tokens=5000))
-    outputs = await collect(engine, prompt(8), SamplingParams(max_tokens=3, **GREEDY))
+        await thread.add_request(prompt(10), SamplingParams(max_tokens=5000))
+    outputs = await collect(thread, prompt(8), SamplingParams(max_tokens=3, **GREEDY))
     assert outputs[-1].num_output_tokens == 3
 
 
 async def test_shutdown_fails_pending_streams(tiny_model_dir) -> None:
     _text_ids[:] = Tokenizer(tiny_model_dir).encode(_ASCII_TEXT)
-    engine = AsyncEngine(make_engine(tiny_model_dir), Tokenizer(tiny_model_dir))
-    engine.start()
-    engine.start()  # idempotent
-    stream = await engine.add_request(prompt(30), SamplingParams(max_tokens=900, **GREEDY))
+    thread = EngineThread(make_llm(tiny_model_dir, **OPTIONS), Tokenizer(tiny_model_dir))
+    thread.start()
+    thread.start()  # idempotent
+    stream = await thread.add_request(prompt(30), SamplingParams(max_tokens=900, **GREEDY))
     await stream.__anext__()
-    await asyncio.to_thread(engine.shutdown)
+    await asyncio.to_thread(thread.shutdown)
     with pytest.raises(EngineClosedError):
         async for _ in stream:
             pass
     with pytest.raises(EngineClosedError):
-        await engine.add_request(prompt(3), SamplingParams(max_tokens=1))
+        await thread.add_request(prompt(3), SamplingParams(max_tokens=1))
