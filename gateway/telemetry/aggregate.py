@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .event import STATUSES, RequestEvent
@@ -90,7 +90,7 @@ def event_increments(event: RequestEvent) -> list[tuple[str, float]]:
     return out
 
 
-def _printable(name: str) -> str:
+def utf8_text(name: str) -> str:
     """The name as valid UTF-8 text (a lone surrogate would make every later write fail)."""
     if name.isascii():
         return name
@@ -100,19 +100,12 @@ def _printable(name: str) -> str:
 def fold_event(aggregate: Aggregate, event: RequestEvent) -> None:
     """Add one event's increments to its bucket in `aggregate`; a malformed event adds nothing."""
     increments = event_increments(event)
-    key = (_printable(str(event.tenant)), _printable(str(event.route)), minute_of(float(event.ts)))
+    key = (utf8_text(str(event.tenant)), utf8_text(str(event.route)), minute_of(float(event.ts)))
     fields = aggregate.get(key)
     if fields is None:
         fields = aggregate[key] = {}
     for name, amount in increments:
         fields[name] = fields.get(name, 0) + amount
-
-
-def aggregate_events(events: Iterable[RequestEvent]) -> Aggregate:
-    aggregate: Aggregate = {}
-    for event in events:
-        fold_event(aggregate, event)
-    return aggregate
 
 
 def merge_fields(into: Fields, other: Mapping[str, float]) -> None:

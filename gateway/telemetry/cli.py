@@ -2,9 +2,10 @@
 
     firsttoken metrics [--tenant T | --all] [--window S] [--redis-url URL] [--prefix P] [--json]
 
-SLO targets come from the same variables the gateway reads
-(FIRSTTOKEN_TTFT_SLO_MS, FIRSTTOKEN_TTFT_SLO_TENANTS, FIRSTTOKEN_TTFT_SLO_OBJECTIVE),
-so the table shows the figures `GET /v1/metrics/ttft` serves.
+The Redis URL, key prefix and SLO targets come from the gateway's own settings
+(`load_settings`: FIRSTTOKEN_REDIS_URL or REDIS_URL, FIRSTTOKEN_METRICS_KEY_PREFIX,
+FIRSTTOKEN_TTFT_SLO_*), unless a flag overrides them, so the table shows the figures
+`GET /v1/metrics/ttft` serves.
 """
 
 from __future__ import annotations
@@ -20,24 +21,29 @@ from typing import Any, TextIO
 
 import redis.exceptions
 
+from gateway.settings import load_settings
+
 from .keys import KeySpace
 from .redis_store import RedisStore, connect
 from .report import SloConfig, tenant_report
 
-PREFIX_ENV = "FIRSTTOKEN_METRICS_KEY_PREFIX"
-TRUE = frozenset({"1", "true", "yes", "on"})
+# One word per header, so the table splits on whitespace; the first two columns are text.
 _COLUMNS = (
     "tenant",
     "route",
     "count",
-    "ttft p50",
-    "ttft p90",
-    "ttft p99",
-    "upstream p50",
-    "gateway p50",
-    "cache hit",
-    "slo",
+    "errors",
+    "err%",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "upstream_p50",
+    "gateway_p50",
+    "cache_hit",
+    "slo_ms",
+    "slo_met",
 )
+_TEXT_COLUMNS = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         "--redis-url", default=None, help="default: FIRSTTOKEN_REDIS_URL, else REDIS_URL"
     )
     parser.add_argument(
-        "--prefix", default=None, help=f"key prefix (default: {PREFIX_ENV} or 'ft')"
+        "--prefix", default=None, help="key prefix (default: FIRSTTOKEN_METRICS_KEY_PREFIX or 'ft')"
     )
     parser.add_argument(
         "--cluster",
@@ -67,20 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def slo_from_env(environ: Mapping[str, str]) -> SloConfig:
-    """The SLO settings from FIRSTTOKEN_TTFT_SLO_* (`tenant:ms,...` for per-tenant targets)."""
-    tenants: dict[str, float] = {}
-    for item in environ.get("FIRSTTOKEN_TTFT_SLO_TENANTS", "").split(","):
-        if item.strip():
-            tenant, _, ms = item.strip().rpartition(":")
-            tenants[tenant] = float(ms)
-    return SloConfig(
-        default_ms=float(environ.get("FIRSTTOKEN_TTFT_SLO_MS", "1000")),
-        tenants=tenants,
-        objective=float(environ.get("FIRSTTOKEN_TTFT_SLO_OBJECTIVE", "0.99")),
-    )
-
-
 def _cell(value: Any, width: int = 24) -> str:
     if value is None:
         return "-"
@@ -90,41 +82,52 @@ def _cell(value: Any, width: int = 24) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _percent(share: float | None, digits: int = 1) -> str:
+    return "-" if share is None else f"{share:.{digits}%}"
+
+
 def _rows(reports: list[dict]) -> list[list[str]]:
     rows = []
     for report in reports:
         for route in report["routes"]:
-            hit = route["cache_hit_ratio"]
-            attainment = route["slo"]["attainment"]
+            count = route["count"]
+            slo = route["slo"]
             rows.append(
                 [
                     _cell(report["tenant"]),
                     _cell(route["route"]),
-                    str(route["count"]),
+                    str(count),
+                    str(route["errors"]),
+                    _percent(route["errors"] / count if count else None),
                     _cell(route["ttft_ms"]["p50"]),
                     _cell(route["ttft_ms"]["p90"]),
                     _cell(route["ttft_ms"]["p99"]),
                     _cell(route["upstream_ttft_ms"]["p50"]),
                     _cell(route["gateway_ms"]["p50"]),
-                    "-" if hit is None else f"{hit:.1%}",
-                    "-"
-                    if attainment is None
-                    else f"{attainment:.2%}<={route['slo']['target_ms']:g}ms",
+                    _percent(route["cache_hit_ratio"]),
+                    f"{slo['target_ms']:g}",
+                    _percent(slo["attainment"], digits=2),
                 ]
             )
     return rows
 
 
 def format_table(reports: list[dict], window_s: int) -> str:
-    """A fixed-width table of one row per tenant and route (times in ms)."""
+    """One row per tenant and route: names left-aligned, figures right-aligned, two spaces
+    between columns (times in ms; `slo_met` is the share of TTFTs within `slo_ms`)."""
     rows = _rows(reports)
     if not rows:
         return f"no TTFT figures in the last {window_s} s\n"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths, strict=False)).rstrip()]
-    lines += [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in rows
-    ]
+
+    def line(cells: list[str] | tuple[str, ...]) -> str:
+        aligned = [
+            cell.ljust(width) if i < _TEXT_COLUMNS else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(aligned).rstrip()
+
+    lines = [line(_COLUMNS), *(line(row) for row in rows)]
     return "\n".join(lines) + f"\n(times in ms, last {window_s} s)\n"
 
 
@@ -148,7 +151,13 @@ def metrics_main(
     environ = os.environ if environ is None else environ
     out = out or sys.stdout
     args = _parser().parse_args(argv)
-    url = args.redis_url or environ.get("FIRSTTOKEN_REDIS_URL") or environ.get("REDIS_URL")
+    try:
+        settings = load_settings(environ=environ)
+        keys = KeySpace(args.prefix or settings.metrics_key_prefix)
+    except ValueError as exc:  # SettingsError too
+        print(f"firsttoken metrics: {exc}", file=sys.stderr)
+        return 2
+    url = args.redis_url or settings.effective_redis_url()
     if not url:
         print(
             "firsttoken metrics: no Redis URL (--redis-url, FIRSTTOKEN_REDIS_URL or REDIS_URL); "
@@ -159,15 +168,10 @@ def metrics_main(
     if args.window <= 0:
         print("firsttoken metrics: --window must be a positive number of seconds", file=sys.stderr)
         return 2
-    try:
-        slo = slo_from_env(environ)
-        keys = KeySpace(args.prefix or environ.get(PREFIX_ENV) or "ft")
-    except ValueError as exc:
-        print(f"firsttoken metrics: {exc}", file=sys.stderr)
-        return 2
+    slo = SloConfig.from_settings(settings)
+    cluster = args.cluster or settings.redis_cluster
 
     async def run() -> list[dict]:
-        cluster = args.cluster or environ.get("FIRSTTOKEN_REDIS_CLUSTER", "").lower() in TRUE
         store = RedisStore(connect(url, timeout_s=5.0, cluster=cluster), keys, retention_s=1)
         try:
             return await _collect(store, args.tenant, args.window, slo)

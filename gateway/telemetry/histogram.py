@@ -94,3 +94,22 @@ def share_at_or_below(counts: Mapping[int, int], threshold_s: float) -> float | 
             else:
                 within += count * math.log(threshold_s / low) / math.log(high / low)
     return within / total
+
+
+def store_bounds(low_s: float, high_s: float, every: int = 1) -> tuple[float, ...]:
+    """Every `every`-th boundary of the buckets above, from the last at or below `low_s` to the
+    first at or above `high_s`, rounded to 4 significant digits (a 0.01% shift).
+
+    Prometheus buckets on these boundaries (`every=1`) hold the same samples as the store's
+    buckets, so `histogram_quantile` and the JSON figures pick the same bucket for a quantile
+    (both find the first bucket whose running count reaches `q * n`) and differ by at most the
+    gap between the bucket's midpoint and an edge: `sqrt(GROWTH) - 1`, about 2%.
+    """
+    if not 0 < low_s < high_s or every < 1:
+        raise ValueError("need 0 < low_s < high_s and every >= 1")
+    first = max(0, bucket_index(low_s) - 1)
+    last = bucket_index(high_s)
+    indexes = list(range(first, last + 1, every))
+    if indexes[-1] < last:
+        indexes.append(indexes[-1] + every)
+    return tuple(float(f"{MIN_S * GROWTH**i:.4g}") for i in indexes)

@@ -161,14 +161,20 @@ def is_transient(exc: BaseException) -> bool:
 def connect(url: str, *, timeout_s: float = 1.0, cluster: bool = False) -> Any:
     """A client for the telemetry store: short timeouts, no hidden retries. With `cluster`, a
     Redis Cluster client that routes each key by its hash tag."""
-    options = dict(
-        socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-    )
+    retry = Retry(NoBackoff(), 0)
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        return RedisCluster.from_url(url, **options)
-    return aioredis.Redis.from_url(url, health_check_interval=0, **options)
+        return RedisCluster.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry
+        )
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=retry,
+        health_check_interval=0,
+    )
 
 
 class _ProblemLog:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .aggregate import Fields, histogram_counts, minute_of
 from .event import STATUSES
 from .histogram import percentiles, share_at_or_below
 from .store import Store
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,15 @@ class SloConfig:
             )
         if self.default_ms <= 0 or any(ms <= 0 for ms in self.tenants.values()):
             raise ValueError("SLO targets must be positive milliseconds")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SloConfig:
+        """The targets the gateway serves, from `FIRSTTOKEN_TTFT_SLO_*`."""
+        return cls(
+            default_ms=settings.ttft_slo_ms,
+            tenants=settings.ttft_slo_tenants,
+            objective=settings.ttft_slo_objective,
+        )
 
     def target_ms(self, tenant: str) -> float:
         return float(self.tenants.get(tenant, self.default_ms))

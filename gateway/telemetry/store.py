@@ -84,7 +84,8 @@ class _BlobShelf:
         return True
 
     def get(self, tenant: str, family: str) -> tuple[bytes, float] | None:
-        entry = self._tenants.get(tenant, {}).get(family)
+        shelf = self._tenants.get(tenant)
+        entry = None if shelf is None else shelf.get(family)
         return None if entry is None else (entry[0], entry[1])
 
     def _evict_oldest(self, tenant: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .event import RequestEvent
 from .keys import KeySpace
@@ -20,28 +20,36 @@ from .report import SloConfig, tenant_report
 from .store import MemoryStore, Store
 from .writer import BatchWriter
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 log = logging.getLogger("firsttoken.telemetry")
+
+# How the background writer batches; tuning of this module, not operator settings.
+FLUSH_INTERVAL_S = 0.1
+FLUSH_BATCH = 500
 
 
 class Telemetry:
+    """Options come from `Settings` only, so their defaults live in one place."""
+
     def __init__(
         self,
         store: Store,
+        settings: Settings,
         *,
-        buffer_max: int = 10_000,
-        flush_interval_s: float = 0.1,
-        flush_batch: int = 500,
-        max_tenants: int = 100,
-        slo: SloConfig | None = None,
-        enabled: bool = True,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        flush_batch: int = FLUSH_BATCH,
     ) -> None:
         self.store = store
-        self.enabled = enabled
-        self.slo = slo or SloConfig()
-        self.metrics = PrometheusMetrics(max_tenants=max_tenants)
+        self.enabled = settings.telemetry
+        self.slo = SloConfig.from_settings(settings)
+        self.metrics = PrometheusMetrics(
+            max_tenants=settings.metrics_max_tenants, max_models=settings.metrics_max_models
+        )
         self.writer = BatchWriter(
             store,
-            buffer_max=buffer_max,
+            buffer_max=settings.telemetry_buffer,
             flush_interval_s=flush_interval_s,
             flush_batch=flush_batch,
             on_drop=self.metrics.dropped.inc,
@@ -50,46 +58,29 @@ class Telemetry:
         self._record_failures = 0
 
     @classmethod
-    def create(
+    def from_settings(
         cls,
-        *,
+        settings: Settings,
         redis_url: str | None,
-        key_prefix: str = "ft",
-        retention_s: int = 7 * 86400,
-        buffer_max: int = 10_000,
-        flush_interval_s: float = 0.1,
-        flush_batch: int = 500,
-        max_tenants: int = 100,
-        slo_default_ms: float = 1000.0,
-        slo_tenants: Mapping[str, float] = {},
-        slo_objective: float = 0.99,
-        enabled: bool = True,
-        redis_cluster: bool = False,
+        *,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        flush_batch: int = FLUSH_BATCH,
     ) -> Telemetry:
-        """Build telemetry over Redis when a URL is given, else over an in-process store."""
-        if retention_s <= 0:
-            raise ValueError("retention_s must be positive")
+        """Telemetry over Redis when a URL is given (and telemetry is on), else over an
+        in-process store. `redis_url` is passed apart because it may come from `REDIS_URL`
+        (`Settings.effective_redis_url`)."""
         store: Store
-        if redis_url and enabled:
+        if redis_url and settings.telemetry:
             from .redis_store import RedisStore, connect  # redis-py only when Redis is used
 
             store = RedisStore(
-                connect(redis_url, cluster=redis_cluster), KeySpace(key_prefix), retention_s
+                connect(redis_url, cluster=settings.redis_cluster),
+                KeySpace(settings.metrics_key_prefix),
+                settings.metrics_retention,
             )
         else:
-            store = MemoryStore(retention_s)
-        slo = SloConfig(
-            default_ms=slo_default_ms, tenants=dict(slo_tenants), objective=slo_objective
-        )
-        return cls(
-            store,
-            buffer_max=buffer_max,
-            flush_interval_s=flush_interval_s,
-            flush_batch=flush_batch,
-            max_tenants=max_tenants,
-            slo=slo,
-            enabled=enabled,
-        )
+            store = MemoryStore(settings.metrics_retention)
+        return cls(store, settings, flush_interval_s=flush_interval_s, flush_batch=flush_batch)
 
     @property
     def dropped(self) -> int:
@@ -119,11 +110,11 @@ class Telemetry:
             return
         try:
             self.metrics.observe(event)
-        except Exception:
+        except Exception:  # noqa: BLE001  # recording must never fail a request
             self._note_record_failure()
         try:
             self.writer.enqueue(event)
-        except Exception:
+        except Exception:  # noqa: BLE001  # recording must never fail a request
             self._note_record_failure()
 
     def _note_record_failure(self) -> None:
@@ -136,10 +127,8 @@ class Telemetry:
         if not self.enabled:
             return
         try:
-            self.metrics.prefix_breaks.labels(
-                self.metrics.tenant_label(tenant)[:200], kind[:64]
-            ).inc()
-        except Exception:
+            self.metrics.observe_prefix_break(tenant, kind)
+        except Exception:  # noqa: BLE001  # recording must never fail a request
             self._note_record_failure()
 
     async def start(self) -> None:
@@ -154,7 +143,7 @@ class Telemetry:
         finally:
             try:
                 await self.store.aclose()
-            except Exception:
+            except Exception:  # closing must not mask the writer's own outcome (logged)
                 log.debug("telemetry store close failed", exc_info=True)
 
     async def report(self, tenant: str, window_s: int = 3600) -> dict:
@@ -185,7 +174,7 @@ class Telemetry:
             if pending is not None:
                 return pending
             return await asyncio.wait_for(self.store.get_blob(tenant, family), timeout_s)
-        except Exception:
+        except Exception:  # noqa: BLE001  # fingerprints are advisory: any failure reads as absent
             return None
 
     def put_fingerprints(self, tenant: str, family: str, blob: bytes, ttl_s: int = 3600) -> None:
@@ -194,5 +183,5 @@ class Telemetry:
             return
         try:
             self.writer.put_blob(tenant, family, bytes(blob), ttl_s)
-        except Exception:
+        except Exception:  # noqa: BLE001  # recording must never fail a request
             self._note_record_failure()

@@ -171,7 +171,7 @@ class BatchWriter:
         for event in taken:
             try:
                 fold_event(aggregate, event)
-            except Exception:
+            except Exception:  # noqa: BLE001  # one malformed event, whatever it holds, must not stall the batch
                 malformed += 1
         if malformed:
             log.error("telemetry: %d malformed events dropped", malformed)
@@ -265,7 +265,7 @@ class BatchWriter:
                 break
             try:
                 await self._drain_or_probe()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  # no store failure may end the writer task
                 if self.failures == 0:
                     log.warning("telemetry store unavailable, buffering events: %s", _describe(exc))
                 self.failures += 1
@@ -296,7 +296,7 @@ class BatchWriter:
                 log.exception("telemetry writer failed")
         try:
             await asyncio.wait_for(self.drain(), timeout_s / 2)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # shutdown must finish; what is left is counted below
             if self._events:
                 log.warning(
                     "telemetry: %d buffered events lost at shutdown: %s",

@@ -4,21 +4,19 @@ gateways sharing one Redis."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import httpx
-import openai
-import pytest
-import redis
 
-from tests.gateway.conftest import openai_route
+from gateway.telemetry.prometheus import DEFAULT_MAX_MODELS, OTHER
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
+from tests.telemetry.prometheus_quantile import histogram_quantile, samples, summed_buckets
 
-REDIS_URL = "redis://127.0.0.1:6379/14"
 KEYS = "acme:key-a,globex:key-b"
 
 
 def stream_once(gw, key: str, model: str = "mock-1") -> None:
-    c = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
+    c = sdk_client(gw, key)
     list(
         c.chat.completions.create(
             model=model, stream=True, messages=[{"role": "user", "content": "hi"}]
@@ -33,6 +31,12 @@ def ttft_report(gw, key: str, **params) -> httpx.Response:
         headers={"authorization": f"Bearer {key}"},
         timeout=10,
     )
+
+
+def metrics_text(gw, key: str = "root-key") -> str:
+    response = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 200
+    return response.text
 
 
 def wait_for_count(gw, key: str, count: int, **params) -> dict:
@@ -85,23 +89,8 @@ def test_prometheus_exposition_is_admin_only_when_keyed(mock_upstream, make_gate
     assert "firsttoken_telemetry_dropped_total" in text
 
 
-@pytest.fixture
-def shared_redis():
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-    try:
-        client.ping()
-    except redis.exceptions.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    prefix = "ftgw-" + uuid.uuid4().hex[:10]
-    yield prefix
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
-def test_two_gateways_share_one_redis(mock_upstream, make_gateway, shared_redis):
-    common = dict(redis_url=REDIS_URL, metrics_key_prefix=shared_redis, tenant_keys=KEYS)
+def test_two_gateways_share_one_redis(redis_url, key_prefix, mock_upstream, make_gateway):
+    common = dict(redis_url=redis_url, metrics_key_prefix=key_prefix, tenant_keys=KEYS)
     one = make_gateway([openai_route(mock_upstream)], **common)
     two = make_gateway([openai_route(mock_upstream)], **common)
     for _ in range(2):
@@ -111,3 +100,37 @@ def test_two_gateways_share_one_redis(mock_upstream, make_gateway, shared_redis)
     merged = wait_for_count(one, "key-a", 5)
     assert merged["routes"][0]["count"] == 5
     assert wait_for_count(two, "key-a", 5)["routes"][0]["count"] == 5
+
+
+def test_prometheus_quantiles_match_the_json_endpoint(mock_upstream, make_gateway):
+    """What an operator's `histogram_quantile(q, sum by (le) (...))` reads from /metrics is
+    within 5% of the JSON figures, for real requests with known TTFTs."""
+    gw = make_gateway([openai_route(mock_upstream)], tenant_keys=KEYS, admin_keys="root-key")
+    delays = (0.02, 0.05, 0.12, 0.3)
+    for i, delay in enumerate(delays * 3):
+        mock_upstream.mock.behaviour.first_delay_s = delay
+        stream_once(gw, "key-a", model=("mock-1", "mock-2")[i % 2])
+    route = wait_for_count(gw, "key-a", len(delays) * 3)["routes"][0]
+    parsed = samples(metrics_text(gw))
+    buckets = summed_buckets(parsed, "firsttoken_ttft_seconds", tenant="acme", route="mock")
+    assert buckets[float("inf")] == route["count"] == 12
+    for name, q in {"p50": 0.5, "p90": 0.9, "p99": 0.99}.items():
+        prom_ms = histogram_quantile(q, buckets) * 1000
+        assert abs(prom_ms / route["ttft_ms"][name] - 1) <= 0.05, (name, prom_ms, route)
+    models = {s.labels["model"] for s in parsed if s.name == "firsttoken_ttft_seconds_count"}
+    assert models == {"mock-1", "mock-2"}
+    assert not [s.name for s in parsed if s.name.endswith("_created")]
+
+
+def test_model_label_folds_past_its_cap(mock_upstream, make_gateway):
+    gw = make_gateway([openai_route(mock_upstream)], tenant_keys=KEYS, admin_keys="root-key")
+    for i in range(DEFAULT_MAX_MODELS + 1):
+        stream_once(gw, "key-a", model=f"gpt-{i}")
+    wait_for_count(gw, "key-a", DEFAULT_MAX_MODELS + 1)
+    counts = {
+        s.labels["model"]: s.value
+        for s in samples(metrics_text(gw))
+        if s.name == "firsttoken_requests_total" and s.labels["tenant"] == "acme"
+    }
+    assert len(counts) == DEFAULT_MAX_MODELS + 1
+    assert counts[OTHER] == 1 and "gpt-0" in counts

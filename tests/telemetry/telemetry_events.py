@@ -5,8 +5,34 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Iterable
+from typing import Any
 
-from gateway.telemetry import RequestEvent
+from gateway.settings import Settings
+from gateway.telemetry import RequestEvent, Telemetry
+from gateway.telemetry.aggregate import Aggregate, fold_event
+from gateway.telemetry.telemetry import FLUSH_BATCH, FLUSH_INTERVAL_S
+
+
+def make_telemetry(
+    redis_url: str | None = None,
+    *,
+    flush_interval_s: float = FLUSH_INTERVAL_S,
+    flush_batch: int = FLUSH_BATCH,
+    **settings: Any,
+) -> Telemetry:
+    """Telemetry as the gateway builds it, from `Settings` fields (`metrics_key_prefix=...`)."""
+    return Telemetry.from_settings(
+        Settings(**settings), redis_url, flush_interval_s=flush_interval_s, flush_batch=flush_batch
+    )
+
+
+def aggregate_events(events: Iterable[RequestEvent]) -> Aggregate:
+    """The buckets a store's `write` takes, folded from `events` as the writer folds them."""
+    aggregate: Aggregate = {}
+    for event in events:
+        fold_event(aggregate, event)
+    return aggregate
 
 
 def make_events(

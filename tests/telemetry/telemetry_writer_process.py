@@ -6,12 +6,11 @@ usage: python telemetry_writer_process.py REDIS_URL KEY_PREFIX SEED COUNT NOW
 import asyncio
 import sys
 
-from gateway.telemetry import Telemetry
-from tests.telemetry.telemetry_events import make_events
+from tests.telemetry.telemetry_events import make_events, make_telemetry
 
 
 async def main(url: str, prefix: str, seed: int, count: int, now: float) -> None:
-    telemetry = Telemetry.create(redis_url=url, key_prefix=prefix, flush_batch=200)
+    telemetry = make_telemetry(url, metrics_key_prefix=prefix, flush_batch=200)
     await telemetry.start()
     for event in make_events(seed, count, now=now):
         telemetry.record(event)

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from bench.harness import free_port
 from gateway.settings import SettingsError
 from gateway.telemetry.redis_check import check_redis_url, redact_url
-from tests.local_servers import PrivateRedis, free_port
 
 VAR = "FIRSTTOKEN_REDIS_URL"
 
@@ -47,10 +47,9 @@ def test_db_index_out_of_range(redis_url):
 
 @pytest.fixture
 def password_redis(private_redis):
-    server = PrivateRedis(private_redis.port, password="s3cret-pw")
-    server.start()
-    yield server
-    server.kill()
+    private_redis.password = "s3cret-pw"
+    private_redis.start()
+    return private_redis
 
 
 def test_wrong_missing_and_right_password(password_redis):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+from gateway.settings import Settings
 from gateway.telemetry import Telemetry, store, writer
 from gateway.telemetry.store import MemoryStore
 
@@ -13,7 +14,7 @@ MB = 2**20
 
 
 def test_queued_blobs_are_bounded_in_bytes_per_tenant_and_in_all():
-    telemetry = Telemetry(MemoryStore(retention_s=3600))
+    telemetry = Telemetry(MemoryStore(retention_s=3600), Settings())
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -39,7 +40,7 @@ def test_queued_blobs_are_bounded_in_bytes_per_tenant_and_in_all():
 
 def test_queue_bound_in_all(monkeypatch):
     monkeypatch.setattr(writer, "BLOBS_MAX_BYTES", 3 * MB)
-    telemetry = Telemetry(MemoryStore(retention_s=3600))
+    telemetry = Telemetry(MemoryStore(retention_s=3600), Settings())
     for tenant in range(10):
         telemetry.put_fingerprints(f"t{tenant}", "gpt", b"\x00" * MB)
     assert telemetry.writer.blob_bytes <= 3 * MB
@@ -47,7 +48,7 @@ def test_queue_bound_in_all(monkeypatch):
 
 
 async def test_queue_bytes_are_released_once_written():
-    telemetry = Telemetry(MemoryStore(retention_s=3600))
+    telemetry = Telemetry(MemoryStore(retention_s=3600), Settings())
     for i in range(3):
         telemetry.put_fingerprints("acme", f"fam{i}", b"\x02" * 1000)
     assert telemetry.writer.blob_bytes > 3000
@@ -88,6 +89,6 @@ async def test_oversized_blob_is_refused_everywhere():
     huge = b"\x00" * (store.MEMORY_BLOBS_TENANT_MAX_BYTES + 1)
     await memory.write({}, {("acme", "gpt"): (huge, 3600)})
     assert memory.blob_bytes == 0 and await memory.get_blob("acme", "gpt") is None
-    telemetry = Telemetry(memory)
+    telemetry = Telemetry(memory, Settings())
     telemetry.put_fingerprints("acme", "gpt", b"\x00" * (writer.BLOBS_TENANT_MAX_BYTES + 1))
     assert telemetry.writer.blob_bytes == 0 and telemetry.writer.blobs_dropped == 1

@@ -2,15 +2,14 @@ import asyncio
 import io
 import json
 
-from gateway.telemetry import Telemetry
+from bench.harness import free_port
 from gateway.telemetry.cli import metrics_main
-from tests.local_servers import free_port
-from tests.telemetry.telemetry_events import make_events
+from tests.telemetry.telemetry_events import make_events, make_telemetry
 
 
 def _populate(url: str, prefix: str) -> dict:
     async def go() -> dict:
-        telemetry = Telemetry.create(redis_url=url, key_prefix=prefix, slo_tenants={"acme": 250.0})
+        telemetry = make_telemetry(url, metrics_key_prefix=prefix, ttft_slo_tenants={"acme": 250.0})
         for event in make_events(seed=3, count=500) + make_events(seed=4, count=200, tenant="beta"):
             telemetry.record(event)
         await telemetry.writer.drain()
@@ -44,22 +43,46 @@ def test_json_matches_the_gateway_report(redis_url: str, key_prefix: str) -> Non
     assert beta["routes"][0]["slo"]["target_ms"] == 1000.0
 
 
-def test_table_lists_each_tenant_and_route(redis_url: str, key_prefix: str) -> None:
+def _table(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The printed table as (header, rows by column name); every row has every column."""
+    lines = text.splitlines()
+    assert lines[-1].startswith("(times in ms")
+    header = lines[0].split()
+    rows = []
+    for line in lines[1:-1]:
+        cells = line.split()
+        assert len(cells) == len(header), line
+        rows.append(dict(zip(header, cells, strict=True)))
+    return header, rows
+
+
+def test_table_has_one_aligned_column_per_figure(redis_url: str, key_prefix: str) -> None:
     expected = _populate(redis_url, key_prefix)
     out = io.StringIO()
     assert (
         metrics_main(["--redis-url", redis_url, "--prefix", key_prefix], environ=ENV, out=out) == 0
     )
-    lines = out.getvalue().splitlines()
-    assert lines[0].split()[:4] == ["tenant", "route", "count", "ttft"]
-    rows = [line.split() for line in lines[1:-1]]
+    header, rows = _table(out.getvalue())
+    assert header[:5] == ["tenant", "route", "count", "errors", "err%"]
+    assert {"ttft_p50", "ttft_p99", "slo_ms", "slo_met"} <= set(header)
     assert len(rows) == 4
     for tenant in expected["tenants"]:
         for route in tenant["routes"]:
-            (row,) = [r for r in rows if r[:2] == [tenant["tenant"], route["route"]]]
-            assert row[2] == str(route["count"])
-            assert row[3] == f"{route['ttft_ms']['p50']:.1f}"
-            assert row[9].startswith(f"{route['slo']['attainment']:.2%}")
+            (row,) = [
+                r for r in rows if (r["tenant"], r["route"]) == (tenant["tenant"], route["route"])
+            ]
+            assert row["count"] == str(route["count"])
+            assert row["errors"] == str(route["errors"]) != "0"
+            assert row["err%"] == f"{route['errors'] / route['count']:.1%}"
+            assert row["ttft_p50"] == f"{route['ttft_ms']['p50']:.1f}"
+            assert row["slo_ms"] == f"{route['slo']['target_ms']:g}"
+            assert row["slo_met"] == f"{route['slo']['attainment']:.2%}"
+    # Figures are right-aligned: in every line each numeric column ends at the same place.
+    lines = out.getvalue().splitlines()[:-1]
+    ends = {len(line) for line in lines}
+    assert len(ends) == 1
+    count_end = lines[0].index("count") + len("count")
+    assert all(line[count_end - 1].isalnum() and line[count_end] == " " for line in lines)
 
 
 def test_errors_are_reported_with_exit_status(capsys) -> None:
@@ -69,3 +92,6 @@ def test_errors_are_reported_with_exit_status(capsys) -> None:
     assert metrics_main(["--redis-url", dead], environ={}) == 1
     assert "cannot read Redis" in capsys.readouterr().err
     assert metrics_main(["--redis-url", dead, "--window", "0"], environ={}) == 2
+    bad = {"FIRSTTOKEN_TTFT_SLO_OBJECTIVE": "2"}  # read through the gateway's own settings
+    assert metrics_main(["--redis-url", dead], environ=bad) == 2
+    assert "FIRSTTOKEN_TTFT_SLO_OBJECTIVE" in capsys.readouterr().err

@@ -14,8 +14,8 @@ import time
 import pytest
 import redis
 
-from gateway.telemetry import Telemetry
-from tests.telemetry.telemetry_events import make_events
+from tests.support.redis_servers import redis_server_command
+from tests.telemetry.telemetry_events import make_events, make_telemetry
 
 NODES = 3
 
@@ -27,23 +27,15 @@ def redis_cluster(tmp_path):
     ports = [_cluster_port() for _ in range(NODES)]
     procs = [
         subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
+            redis_server_command(
+                port,
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 f"nodes-{port}.conf",
                 "--dir",
                 str(tmp_path),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -119,8 +111,8 @@ def test_cluster_store_merges_tenants_across_nodes(redis_cluster):
     url = f"redis://127.0.0.1:{redis_cluster[0]}/0"
 
     async def run() -> tuple[dict, dict]:
-        telemetry = Telemetry.create(redis_url=url, redis_cluster=True, key_prefix="ftc")
-        memory = Telemetry.create(redis_url=None)
+        telemetry = make_telemetry(url, redis_cluster=True, metrics_key_prefix="ftc")
+        memory = make_telemetry()
         await telemetry.start()
         for event in events:
             telemetry.record(event)

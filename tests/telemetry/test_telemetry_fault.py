@@ -6,7 +6,7 @@ import statistics
 import time
 
 from gateway.telemetry import Telemetry
-from tests.telemetry.telemetry_events import make_events, until
+from tests.telemetry.telemetry_events import make_events, make_telemetry, until
 
 BUFFER_MAX = 200
 
@@ -18,8 +18,8 @@ def _prometheus_dropped(telemetry: Telemetry) -> float:
 
 async def test_redis_killed_and_restarted(private_redis) -> None:
     private_redis.start()
-    telemetry = Telemetry.create(
-        redis_url=private_redis.url, buffer_max=BUFFER_MAX, flush_interval_s=0.02, flush_batch=50
+    telemetry = make_telemetry(
+        private_redis.url, telemetry_buffer=BUFFER_MAX, flush_interval_s=0.02, flush_batch=50
     )
     await telemetry.start()
     events = make_events(seed=5, count=700)
@@ -58,22 +58,20 @@ async def test_redis_killed_and_restarted(private_redis) -> None:
 
 async def test_shutdown_flushes_the_buffer(private_redis) -> None:
     private_redis.start()
-    telemetry = Telemetry.create(
-        redis_url=private_redis.url, flush_interval_s=60, flush_batch=10_000
-    )
+    telemetry = make_telemetry(private_redis.url, flush_interval_s=60, flush_batch=10_000)
     await telemetry.start()
     for event in make_events(seed=6, count=300):
         telemetry.record(event)
     await telemetry.aclose()
     assert telemetry.writer.written == 300 and telemetry.dropped == 0
-    reader = Telemetry.create(redis_url=private_redis.url)
+    reader = make_telemetry(private_redis.url)
     assert sum(r["count"] for r in (await reader.report("acme"))["routes"]) == 300
     await reader.aclose()
 
 
 async def test_shutdown_with_redis_down_is_bounded_and_counts_the_loss(private_redis) -> None:
     private_redis.start()
-    telemetry = Telemetry.create(redis_url=private_redis.url, flush_interval_s=0.02)
+    telemetry = make_telemetry(private_redis.url, flush_interval_s=0.02)
     await telemetry.start()
     private_redis.kill()
     for event in make_events(seed=7, count=50):
@@ -86,14 +84,14 @@ async def test_shutdown_with_redis_down_is_bounded_and_counts_the_loss(private_r
 
 async def test_fingerprints_unreachable_redis_returns_none_fast(private_redis) -> None:
     private_redis.start()
-    telemetry = Telemetry.create(redis_url=private_redis.url)
+    telemetry = make_telemetry(private_redis.url)
     await telemetry.start()
     telemetry.put_fingerprints("acme", "gpt", b"\x01\x02")
     assert (
         await telemetry.get_fingerprints("acme", "gpt") == b"\x01\x02"
     )  # read-your-writes while queued
     await telemetry.writer.drain()
-    fresh = Telemetry.create(redis_url=private_redis.url)
+    fresh = make_telemetry(private_redis.url)
     assert await fresh.get_fingerprints("acme", "gpt", timeout_s=1.0) == b"\x01\x02"
     assert await fresh.get_fingerprints("acme", "other", timeout_s=1.0) is None
     private_redis.kill()

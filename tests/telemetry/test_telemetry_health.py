@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
+from gateway.settings import Settings
 from gateway.telemetry import RequestEvent, Telemetry, writer
 from gateway.telemetry.store import MemoryStore
-from tests.telemetry.telemetry_events import until
+from tests.telemetry.telemetry_events import make_telemetry, until
 
 
 def _event(ts: float) -> RequestEvent:
@@ -21,7 +22,7 @@ def _state(telemetry: Telemetry) -> str:
 async def test_health_follows_redis_down_and_back(private_redis, monkeypatch):
     monkeypatch.setattr(writer, "HEALTH_PROBE_S", 0.2)
     private_redis.start()
-    telemetry = Telemetry.create(redis_url=private_redis.url, flush_interval_s=0.02, buffer_max=50)
+    telemetry = make_telemetry(private_redis.url, flush_interval_s=0.02, telemetry_buffer=50)
     await telemetry.start()
     try:
         assert await until(lambda: telemetry.writer._last_contact > 0, 2)  # probed at start
@@ -54,7 +55,7 @@ async def test_health_degraded_when_redis_is_down_from_the_start(private_redis):
     private_redis.start()
     url = private_redis.url
     private_redis.kill()
-    telemetry = Telemetry.create(redis_url=url, flush_interval_s=0.02)
+    telemetry = make_telemetry(url, flush_interval_s=0.02)
     await telemetry.start()
     try:
         assert await until(lambda: _state(telemetry) == "degraded", 3)
@@ -63,14 +64,14 @@ async def test_health_degraded_when_redis_is_down_from_the_start(private_redis):
 
 
 async def test_health_of_memory_and_disabled_telemetry():
-    memory = Telemetry(MemoryStore(retention_s=60))
+    memory = Telemetry(MemoryStore(retention_s=60), Settings())
     assert memory.health()["store"] == "memory" and memory.health()["state"] == "ok"
-    off = Telemetry(MemoryStore(retention_s=60), enabled=False)
+    off = Telemetry(MemoryStore(retention_s=60), Settings(telemetry=False))
     assert off.health() == {"store": "off", "state": "disabled"}
 
 
 def test_health_is_cheap():
-    telemetry = Telemetry(MemoryStore(retention_s=60))
+    telemetry = Telemetry(MemoryStore(retention_s=60), Settings())
     for _ in range(10_000):
         telemetry.writer.enqueue(_event(time.time()))
     began = time.perf_counter()

@@ -3,8 +3,9 @@
 import re
 import time
 
-from gateway.telemetry import RequestEvent, Telemetry
+from gateway.telemetry import RequestEvent
 from gateway.telemetry.keys import KeySpace, escape_name
+from tests.telemetry.telemetry_events import make_telemetry
 
 HOSTILE = [
     "victim",  # an exact twin of the victim only in a different field (route) below
@@ -49,7 +50,7 @@ async def test_hostile_names_cannot_touch_other_keys(
     outside_before = {
         k for k in sync_redis.scan_iter(count=1000) if not k.startswith(key_prefix.encode())
     }
-    telemetry = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix)
+    telemetry = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
     keys = KeySpace(key_prefix)
     telemetry.record(_event("victim", "openai", 0.2))
     telemetry.put_fingerprints("victim", "gpt", b"victim-blob")

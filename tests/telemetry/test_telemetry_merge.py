@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.telemetry import Telemetry
-from tests.telemetry.telemetry_events import make_events
+from tests.telemetry.telemetry_events import make_events, make_telemetry
 
 WRITER = Path(__file__).with_name("telemetry_writer_process.py")
 
@@ -34,9 +33,9 @@ def _assert_matches_union(report: dict, events) -> None:
 
 
 async def test_two_instances_in_one_process_merge(redis_url: str, key_prefix: str) -> None:
-    first = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix)
+    first = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
     # A different distribution in the second instance, so a wrong merge would show.
-    second = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix)
+    second = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
     a, b = make_events(seed=10, count=2000), make_events(seed=11, count=1500)
     for event in b:
         event.ttft_s = None if event.ttft_s is None else event.ttft_s * 3
@@ -75,7 +74,7 @@ def test_two_real_processes_merge(redis_url: str, key_prefix: str, subprocess_en
     union = [e for seed, count in runs for e in make_events(seed, count, now=now)]
 
     async def read() -> dict:
-        reader = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix)
+        reader = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
         try:
             return await reader.report("acme")
         finally:

@@ -11,10 +11,10 @@ import time
 import redis
 
 from gateway.telemetry import RequestEvent, Telemetry
-from gateway.telemetry.aggregate import aggregate_events, minute_of
+from gateway.telemetry.aggregate import minute_of
 from gateway.telemetry.keys import KeySpace
 from gateway.telemetry.redis_store import RedisStore, connect
-from tests.telemetry.telemetry_events import until
+from tests.telemetry.telemetry_events import aggregate_events, make_telemetry, until
 
 EXEC = b"$4\r\nEXEC\r\n"  # how redis-py sends EXEC, at the end of a MULTI/EXEC pipeline
 
@@ -78,8 +78,8 @@ async def _count(telemetry: Telemetry, tenant: str = "acme") -> int:
 async def test_answer_lost_after_exec_is_not_counted_twice(redis_url, key_prefix, sync_redis):
     proxy = ReplyEater(6379)
     url = await proxy.start()
-    telemetry = Telemetry.create(redis_url=url, key_prefix=key_prefix, flush_interval_s=0.02)
-    reader = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix)
+    telemetry = make_telemetry(url, metrics_key_prefix=key_prefix, flush_interval_s=0.02)
+    reader = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
     await telemetry.start()
     try:
         now = time.time()
@@ -126,7 +126,7 @@ async def test_same_batch_id_applies_once_and_a_new_one_applies(redis_url, key_p
 async def test_refused_batch_is_dropped_once_and_the_writer_moves_on(private_redis, caplog):
     private_redis.start()
     admin = redis.Redis(port=private_redis.port)
-    telemetry = Telemetry.create(redis_url=private_redis.url, flush_interval_s=0.02)
+    telemetry = make_telemetry(private_redis.url, flush_interval_s=0.02)
     await telemetry.start()
     calls_before = _exec_calls(admin)
     try:

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from gateway.telemetry import RequestEvent, Telemetry
-from gateway.telemetry.aggregate import aggregate_events
 from gateway.telemetry.store import MemoryStore
-from tests.telemetry.telemetry_events import make_events
+from tests.telemetry.telemetry_events import aggregate_events, make_events, make_telemetry
 
 
 async def _recorded(telemetry: Telemetry, events) -> Telemetry:
@@ -28,9 +27,9 @@ async def test_memory_and_redis_stores_give_the_same_report(
     redis_url: str, key_prefix: str
 ) -> None:
     events = make_events(seed=1, count=3000)
-    memory = await _recorded(Telemetry.create(redis_url=None, slo_tenants={"acme": 400.0}), events)
+    memory = await _recorded(make_telemetry(ttft_slo_tenants={"acme": 400.0}), events)
     shared = await _recorded(
-        Telemetry.create(redis_url=redis_url, key_prefix=key_prefix, slo_tenants={"acme": 400.0}),
+        make_telemetry(redis_url, metrics_key_prefix=key_prefix, ttft_slo_tenants={"acme": 400.0}),
         events,
     )
     try:
@@ -51,9 +50,9 @@ async def test_report_figures_match_the_raw_events(
 ) -> None:
     if backend == "redis":
         url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix")
-        telemetry = Telemetry.create(redis_url=url, key_prefix=prefix, slo_default_ms=350.0)
+        telemetry = make_telemetry(url, metrics_key_prefix=prefix, ttft_slo_ms=350.0)
     else:
-        telemetry = Telemetry.create(redis_url=None, slo_default_ms=350.0)
+        telemetry = make_telemetry(ttft_slo_ms=350.0)
     events = make_events(seed=2, count=4000)
     await _recorded(telemetry, events)
     try:
@@ -101,7 +100,7 @@ async def test_report_figures_match_the_raw_events(
 
 
 async def test_window_excludes_older_minutes_and_other_tenants() -> None:
-    telemetry = Telemetry.create(redis_url=None)
+    telemetry = make_telemetry()
     now = time.time()
     base = dict(route="r", model="m", stream=True, status="ok", upstream_ttft_s=0.1, total_s=1.0)
     telemetry.record(RequestEvent(tenant="a", ttft_s=0.2, ts=now - 10, **base))
@@ -119,7 +118,7 @@ async def test_window_excludes_older_minutes_and_other_tenants() -> None:
 
 
 async def test_non_stream_time_never_enters_ttft() -> None:
-    telemetry = Telemetry.create(redis_url=None)
+    telemetry = make_telemetry()
     telemetry.record(
         RequestEvent(
             "a", "r", "m", stream=False, status="ok", ttft_s=None, upstream_ttft_s=None, total_s=4.0
@@ -133,7 +132,7 @@ async def test_non_stream_time_never_enters_ttft() -> None:
 
 
 async def test_budget_goes_negative_when_misses_exceed_it() -> None:
-    telemetry = Telemetry.create(redis_url=None, slo_default_ms=100.0, slo_objective=0.9)
+    telemetry = make_telemetry(ttft_slo_ms=100.0, ttft_slo_objective=0.9)
     for i in range(10):  # 8 fast, 2 slow: attainment 0.8 against a 0.9 objective
         telemetry.record(
             RequestEvent(
@@ -169,7 +168,7 @@ async def test_redis_buckets_expire_after_retention(
 ) -> None:
     from gateway.telemetry.keys import KeySpace
 
-    telemetry = Telemetry.create(redis_url=redis_url, key_prefix=key_prefix, retention_s=600)
+    telemetry = make_telemetry(redis_url, metrics_key_prefix=key_prefix, metrics_retention=600)
     now = time.time()
     telemetry.record(RequestEvent("a", "r", "m", True, "ok", 0.2, 0.1, 1.0, ts=now))
     await telemetry.writer.drain()

@@ -3,6 +3,7 @@ import time
 
 import redis.exceptions
 
+from gateway.settings import Settings
 from gateway.telemetry import RequestEvent, Telemetry, redis_store
 from gateway.telemetry.store import MemoryStore
 
@@ -37,7 +38,7 @@ async def _count(telemetry: Telemetry) -> int:
 
 async def test_full_batch_flushes_before_the_interval() -> None:
     store = SwitchableStore()
-    telemetry = Telemetry(store, flush_interval_s=30, flush_batch=100)
+    telemetry = Telemetry(store, Settings(), flush_interval_s=30, flush_batch=100)
     await telemetry.start()
     for i in range(250):
         telemetry.record(_event(i))
@@ -50,7 +51,9 @@ async def test_full_batch_flushes_before_the_interval() -> None:
 
 async def test_outage_keeps_the_oldest_events_up_to_the_bound_and_backs_off() -> None:
     store = SwitchableStore()
-    telemetry = Telemetry(store, buffer_max=50, flush_interval_s=0.01, flush_batch=20)
+    telemetry = Telemetry(
+        store, Settings(telemetry_buffer=50), flush_interval_s=0.01, flush_batch=20
+    )
     await telemetry.start()
     store.down = True
     for i in range(80):
@@ -68,7 +71,7 @@ async def test_outage_keeps_the_oldest_events_up_to_the_bound_and_backs_off() ->
 
 
 async def test_malformed_event_is_dropped_alone() -> None:
-    telemetry = Telemetry(SwitchableStore())
+    telemetry = Telemetry(SwitchableStore(), Settings())
     telemetry.record(_event())
     telemetry.record(RequestEvent("acme", "r0", "m", True, "ok", "soon", None, 1.0))  # type: ignore[arg-type]
     telemetry.record(_event())
@@ -78,7 +81,7 @@ async def test_malformed_event_is_dropped_alone() -> None:
 
 
 async def test_fingerprints_latest_put_wins() -> None:
-    telemetry = Telemetry(SwitchableStore())
+    telemetry = Telemetry(SwitchableStore(), Settings())
     telemetry.put_fingerprints("acme", "gpt", b"one")
     telemetry.put_fingerprints("acme", "gpt", b"two")
     await telemetry.writer.drain()

@@ -12,6 +12,7 @@ import pytest
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.aggregate import minute_of
 from gateway.telemetry.keys import KeySpace
+from tests.telemetry.telemetry_events import make_telemetry
 
 
 def _event(tenant: str, route: str, ts: float) -> RequestEvent:
@@ -28,8 +29,8 @@ def _lines_naming(caplog, key: str) -> list[str]:
 
 @pytest.fixture
 async def telemetry(redis_url, key_prefix):
-    telemetry = Telemetry.create(
-        redis_url=redis_url, key_prefix=key_prefix, flush_interval_s=0.02, flush_batch=4
+    telemetry = make_telemetry(
+        redis_url, metrics_key_prefix=key_prefix, flush_interval_s=0.02, flush_batch=4
     )
     await telemetry.start()
     yield telemetry
