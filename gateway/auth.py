@@ -7,10 +7,12 @@ errors, metrics or a dump of the settings, and lookup time says nothing about a 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Set
 
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from policies.config import ENV_PREFIX
 
 DEFAULT_TENANT = "default"
 
@@ -19,8 +21,10 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def parse_tenant_keys(value: str, variable: str = "FIRSTTOKEN_TENANT_KEYS") -> dict[bytes, str]:
-    """`tenant:key,tenant:key` -> {sha256(key): tenant}. The key may itself contain ':'."""
+def parse_tenant_keys(value: str, variable: str = f"{ENV_PREFIX}TENANT_KEYS") -> dict[bytes, str]:
+    """`tenant:key,tenant:key` -> {sha256(key): tenant}. The key may itself contain ':'.
+    A tenant may have several keys (rotation); a key that names two tenants is refused, and
+    the message names the tenants, never the key."""
     table: dict[bytes, str] = {}
     for item in value.split(","):
         item = item.strip()
@@ -33,12 +37,24 @@ def parse_tenant_keys(value: str, variable: str = "FIRSTTOKEN_TENANT_KEYS") -> d
             )
         if tenant.strip() == "*":
             raise ValueError(f"{variable}: '*' is not a tenant name (it means all tenants)")
-        table[_digest(key.strip())] = tenant.strip()
+        digest, tenant = _digest(key.strip()), tenant.strip()
+        other = table.setdefault(digest, tenant)
+        if other != tenant:
+            first, second = sorted((other, tenant))
+            raise ValueError(
+                f"{variable}: tenants {first!r} and {second!r} share a key; "
+                "each key must belong to one tenant"
+            )
     return table
 
 
-def parse_admin_keys(value: str) -> set[bytes]:
-    return {_digest(k.strip()) for k in value.split(",") if k.strip()}
+def parse_admin_keys(value: str) -> frozenset[bytes]:
+    return frozenset(_digest(k.strip()) for k in value.split(",") if k.strip())
+
+
+def tenants_holding(tenant_keys: Mapping[bytes, str], keys: Set[bytes]) -> list[str]:
+    """The tenants whose key is also in `keys` (say, an admin key), sorted."""
+    return sorted({tenant for digest, tenant in tenant_keys.items() if digest in keys})
 
 
 def bearer_key(request: Request) -> str | None:
@@ -52,7 +68,7 @@ def bearer_key(request: Request) -> str | None:
 class KeyRing:
     """Resolves a request's bearer key to its tenant, and tells whether it is an admin key."""
 
-    def __init__(self, tenant_keys: dict[bytes, str], admin_keys: set[bytes]) -> None:
+    def __init__(self, tenant_keys: Mapping[bytes, str], admin_keys: Set[bytes]) -> None:
         self._tenants = tenant_keys
         self._admins = admin_keys
 

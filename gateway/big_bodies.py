@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gateway.errors import GatewayError
+from gateway.settings import SECRET_FIELDS, Settings
 
 # Set in each worker process by `worker_init`.
 _WORKER: dict[str, Any] = {}
@@ -74,36 +73,23 @@ class NotHere:
     reason: str = field(default="route kind")
 
 
-class PreEncoded(dict):
-    """An upstream body already encoded by a worker: the dict carries only `model` and
-    `stream` for the proxy, `encode_body` sends `encoded` as it is."""
-
-    __slots__ = ("encoded",)
-
-    def __init__(self, encoded: bytes, model: str, stream: bool) -> None:
-        super().__init__(model=model, stream=stream)
-        self.encoded = encoded
-
-
-def worker_init(
-    settings_data: dict, routes_data: list[dict], policy_environ: dict[str, str]
-) -> None:
-    """Build, once per worker, the settings, route table and policy chains it needs."""
+def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
+    """Build, once per worker, the settings, route table and policy chains it needs, from
+    `dumps_settings` (the policy options included) and the gateway's routes."""
     from gateway.policy_runner import PolicyRunner
     from gateway.routes import Route, RouteTable
-    from gateway.settings import Settings
 
     try:
         os.nice(WORKER_NICE)
     except OSError:
         pass
     _exit_with_parent()
-    settings = Settings.model_construct(**settings_data)
+    settings = Settings.model_validate(settings_data)
     routes = [Route.model_validate(data) for data in routes_data]
     _WORKER.update(
         settings=settings,
         table=RouteTable(routes),
-        policies=PolicyRunner(settings, routes, policy_environ),
+        policies=PolicyRunner(settings, routes),
     )
 
 
@@ -144,9 +130,9 @@ def _prepare(
     fingerprints: bool,
 ) -> Prepared | NotHere:
     from gateway.ownership import find_references, might_reference
-    from gateway.request_body import parse_request, upstream_body
-    from gateway.upstreams.base import encode_body
-    from policies import PolicyContext
+    from gateway.prepared import PolicyBodies
+    from gateway.request_body import parse_request
+    from gateway.upstreams.base import UpstreamError, encode_body
 
     settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
     body, model = parse_request(raw, endpoint, settings)
@@ -158,30 +144,25 @@ def _prepare(
         return NotHere()
     names = policies.names_for(route, policy_header)
     stream = bool(body.get("stream"))
-    bodies, primary = {}, None
-    for position, r in enumerate(chain):
-        upstream_model = r.upstream_model(model)
-        ctx = PolicyContext(
-            endpoint=endpoint, route_kind=r.kind, model=upstream_model, tenant=tenant
-        )
-        result = policies.apply(names, body, ctx)
-        if position == 0:
-            primary = result
-        out = upstream_body(result.body if result is not None else body, upstream_model, stream)
+    per_route = PolicyBodies(
+        policies, names, body, endpoint=endpoint, tenant=tenant, model=model, stream=stream
+    )
+    bodies = {}
+    for r in chain:
+        out = per_route.for_route(r)
         try:
             encoded = encode_body(out)
-        except Exception as exc:  # UpstreamError: the client's body cannot be written
-            raise GatewayError(
-                400, getattr(exc, "message", str(exc)), code="invalid_body"
-            ) from None
-        bodies[r.name] = RouteBody(encoded, upstream_model)
+        except UpstreamError as exc:  # the client's body cannot be written as JSON
+            raise GatewayError(400, exc.message, code="invalid_body") from None
+        bodies[r.name] = RouteBody(encoded, out["model"])
+    primary = per_route.results[route.name]
     tokens_saved = blob = None
     if primary is not None:
         try:
             primary.measure(fingerprints=fingerprints)
             tokens_saved = max(0, primary.prompt_tokens_saved)
             blob = primary.fingerprints.to_bytes() if primary.fingerprints is not None else None
-        except Exception:  # the report degrades, never the request
+        except Exception:  # noqa: BLE001  # the report degrades, never the request
             tokens_saved = blob = None
     options = body.get("stream_options")
     return Prepared(
@@ -197,6 +178,7 @@ def _prepare(
     )
 
 
-def dumps_settings(settings: Any) -> dict:
-    """Settings as plain data for `worker_init` (round-trips through JSON types only)."""
-    return orjson.loads(orjson.dumps(settings.model_dump()))
+def dumps_settings(settings: Settings) -> dict:
+    """Settings as plain data for `worker_init`: JSON types only, and no key (a worker
+    authenticates nobody and calls no upstream)."""
+    return settings.model_dump(mode="json", exclude=set(SECRET_FIELDS))

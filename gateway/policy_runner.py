@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import types
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.routes import Route
-from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
+from gateway.settings import Settings, SettingsError
 from policies import (
-    DEFAULT_POLICIES,
     PolicyChain,
     PolicyConfigError,
     PolicyContext,
@@ -22,6 +20,7 @@ from policies import (
     build_chain,
     parse_policy_list,
 )
+from policies.config import ENV_PREFIX
 from policies.diagnostics import (
     PrefixBreak,
     PrefixFingerprints,
@@ -41,29 +40,24 @@ def is_extension_panic(exc: BaseException) -> bool:
 
 
 class PolicyRunner:
-    """Builds each distinct chain once, at start-up, so a bad option fails the start, not a request."""
+    """Builds each distinct chain once, at start-up, so that a bad route policy fails the start,
+    not a request."""
 
-    def __init__(
-        self, settings: Settings, routes: list[Route], environ: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, routes: Sequence[Route]) -> None:
         self.allow_client = settings.allow_client_policies
-        self._options = policy_options(environ)
-        try:
-            self.default_names = (
-                parse_policy_list(settings.policies)
-                if settings.policies is not None
-                else tuple(DEFAULT_POLICIES)
-            )
-            self._chains: dict[tuple[str, ...], PolicyChain] = {}
-            self._chain(self.default_names)
-            for route in routes:
-                if route.policies is not None:
+        self._options = settings.policy_options
+        self.default_names = settings.policies
+        self._chains: dict[tuple[str, ...], PolicyChain] = {}
+        self._chain(self.default_names)  # names and options were validated with the settings
+        for route in routes:
+            if route.policies is not None:
+                try:
                     self._chain(tuple(route.policies))
-        except PolicyConfigError as exc:
-            message = str(exc)
-            if not message.startswith(ENV_PREFIX):
-                message = f"{ENV_PREFIX}POLICIES: {message}"
-            raise SettingsError(message) from None
+                except PolicyConfigError as exc:
+                    reason = str(exc).removeprefix(f"{ENV_PREFIX}POLICIES: ")
+                    raise SettingsError(
+                        f"{ENV_PREFIX}ROUTES: route {route.name!r} policies: {reason}"
+                    ) from None
 
     def _chain(self, names: tuple[str, ...]) -> PolicyChain:
         chain = self._chains.get(names)
@@ -88,7 +82,8 @@ class PolicyRunner:
 
     def apply(self, names: tuple[str, ...], body: dict, ctx: PolicyContext) -> PolicyResult | None:
         """Transform only; the result's report is measured later, off the first-token path.
-        None when no policy runs or a policy fails: a broken policy degrades itself, not the request."""
+        None when no policy runs or a policy fails: a broken policy degrades itself, not the
+        request."""
         if not names:
             return None
         try:
@@ -132,19 +127,25 @@ async def report_headers(
         return {}
     headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
     if result.fingerprints is not None and result.cache_key:
-        headers.update(await _prefix_break(telemetry, tenant, result, offload))
+        headers.update(
+            await _prefix_break(telemetry, tenant, result.cache_key, result.fingerprints, offload)
+        )
     return headers
 
 
 async def _prefix_break(
-    telemetry, tenant: str, result: PolicyResult, offload: HeavyWork | None
+    telemetry,
+    tenant: str,
+    cache_key: str,
+    fingerprints: PrefixFingerprints,
+    offload: HeavyWork | None,
 ) -> dict[str, str]:
     try:
-        previous_blob = await telemetry.get_fingerprints(tenant, result.cache_key)
-        telemetry.put_fingerprints(tenant, result.cache_key, result.fingerprints.to_bytes())
+        previous_blob = await telemetry.get_fingerprints(tenant, cache_key)
+        telemetry.put_fingerprints(tenant, cache_key, fingerprints.to_bytes())
         if previous_blob is None:
             return {}
-        compare = functools.partial(_compare, previous_blob, result.fingerprints)
+        compare = functools.partial(_compare, previous_blob, fingerprints)
         found, stable = await offload.run(tenant, compare) if offload is not None else compare()
         if found is not None:
             telemetry.record_prefix_break(tenant, found.kind)
@@ -174,8 +175,7 @@ async def prepared_report_headers(
         except Exception:
             log.exception("reading a worker's prefix fingerprints failed")
             return headers
-        measured = types.SimpleNamespace(cache_key=cache_key, fingerprints=fingerprints)
-        headers.update(await _prefix_break(telemetry, tenant, measured, offload))
+        headers.update(await _prefix_break(telemetry, tenant, cache_key, fingerprints, offload))
     return headers
 
 

@@ -2,20 +2,19 @@
 
 `FIRSTTOKEN_ROUTES` is a JSON list; the first route whose `models` match serves a request.
 Without it, routes are derived from the provider keys present in the environment, and with
-none of those the local engine is the default (see `default_routes`).
+none of those the local engine is the default (see `default_routes`). The settings validate the
+list (`gateway.settings`); a route's key is read with the settings, never from here.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
-from collections.abc import Mapping
+from collections.abc import Container, Sequence
 from typing import Literal
+from urllib.parse import urlsplit
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.settings import ENV_PREFIX, SettingsError
 from gateway.upstream_paths import FAMILIES
 
 RouteKind = Literal["openai", "anthropic", "local"]
@@ -33,8 +32,8 @@ class Route(BaseModel):
     base_url: str | None = None
     api_key_env: str | None = None
     fallbacks: tuple[str, ...] = ()
-    timeout_s: float | None = Field(None, gt=0)
-    first_token_timeout_s: float | None = Field(None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0)
+    first_token_timeout_s: float | None = Field(default=None, gt=0)
     model_map: dict[str, str] = Field(default_factory=dict)
     policies: tuple[str, ...] | None = None
     headers: dict[str, str] = Field(default_factory=dict)
@@ -48,6 +47,11 @@ class Route(BaseModel):
     def _needs_target(self) -> Route:
         if self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
+        if self.base_url is not None and not _is_http_url(self.base_url):
+            raise ValueError(
+                f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
+                f"got {_shown_url(self.base_url)}"
+            )
         if self.passthrough:
             if self.kind != "openai":
                 raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
@@ -69,27 +73,42 @@ class Route(BaseModel):
     def upstream_model(self, model: str) -> str:
         return self.model_map.get(model, model)
 
-    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
-        if not self.api_key_env:
-            return None
-        environ = os.environ if environ is None else environ
-        return environ.get(self.api_key_env) or None
+
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. a malformed IPv6 literal
+        return False
+
+
+def _shown_url(url: str) -> str:
+    """The URL for an error message, unless it may carry credentials (user:password@)."""
+    return "a URL with credentials in it" if "@" in url else repr(url)
+
+
+def check_routes(routes: Sequence[Route]) -> None:
+    """Names are unique and every fallback names a route; raises ValueError saying which."""
+    names: set[str] = set()
+    for route in routes:
+        if route.name in names:
+            raise ValueError(f"route name {route.name!r} is used twice")
+        names.add(route.name)
+    for route in routes:
+        for fallback in route.fallbacks:
+            if fallback not in names:
+                raise ValueError(f"route {route.name!r} names unknown fallback {fallback!r}")
 
 
 class RouteTable:
     """Ordered routes with lookup by model and by name."""
 
-    def __init__(self, routes: list[Route]) -> None:
-        self.routes = routes
+    def __init__(self, routes: Sequence[Route]) -> None:
+        check_routes(routes)
+        self.routes = list(routes)
         self.by_name = {r.name: r for r in routes}
         self._matched: dict[str, Route | None] = {}
         self._matched_bytes = 0
-        for route in routes:
-            for fallback in route.fallbacks:
-                if fallback not in self.by_name:
-                    raise SettingsError(
-                        f"{ENV_PREFIX}ROUTES: route {route.name!r} names unknown fallback {fallback!r}"
-                    )
 
     def match(self, model: str) -> Route | None:
         try:
@@ -118,29 +137,6 @@ class RouteTable:
 
     def first_of_kind(self, kind: str) -> Route | None:
         return next((r for r in self.routes if r.kind == kind), None)
-
-
-def parse_routes(raw: str) -> list[Route]:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise SettingsError(f"{ENV_PREFIX}ROUTES: not valid JSON ({exc})") from None
-    if not isinstance(data, list) or not data:
-        raise SettingsError(f"{ENV_PREFIX}ROUTES: expected a non-empty JSON list of routes")
-    routes = []
-    for i, item in enumerate(data):
-        try:
-            routes.append(Route.model_validate(item))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise SettingsError(
-                f"{ENV_PREFIX}ROUTES[{i}]{'.' + where if where else ''}: {first['msg']}"
-            ) from None
-    names = [r.name for r in routes]
-    if len(set(names)) != len(names):
-        raise SettingsError(f"{ENV_PREFIX}ROUTES: route names must be unique")
-    return routes
 
 
 PROVIDER_DEFAULTS = (
@@ -177,13 +173,12 @@ PROVIDER_DEFAULTS = (
 )
 
 
-def default_routes(environ: Mapping[str, str] | None = None) -> list[Route]:
-    """Routes from provider keys; OpenAI's catch-all goes last so specific patterns win."""
-    environ = os.environ if environ is None else environ
-    present = [route for env, route in PROVIDER_DEFAULTS if environ.get(env)]
-    present.sort(key=lambda r: r.models == ("*",))
-    return present
+def default_routes(present: Container[str]) -> list[Route]:
+    """Routes for the provider key variables `present` (set and not empty); OpenAI's catch-all
+    goes last so specific patterns win."""
+    routes = [route for variable, route in PROVIDER_DEFAULTS if variable in present]
+    routes.sort(key=lambda r: r.models == ("*",))
+    return routes
 
 
-def load_routes(raw: str | None, environ: Mapping[str, str] | None = None) -> RouteTable:
-    return RouteTable(parse_routes(raw) if raw else default_routes(environ))
+PROVIDER_KEY_VARIABLES: tuple[str, ...] = tuple(variable for variable, _ in PROVIDER_DEFAULTS)

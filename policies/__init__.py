@@ -11,6 +11,7 @@ from policies.config import (
     KNOWN_OPTIONS,
     POLICY_NAMES,
     PolicyConfigError,
+    PolicyOptions,
     parse_options,
     parse_policy_list,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "PolicyChain",
     "PolicyConfigError",
     "PolicyContext",
+    "PolicyOptions",
     "PolicyResult",
     "PrefixBreak",
     "PrefixFingerprints",

@@ -7,8 +7,9 @@
   20-block lookback) and the last message stable across turns (the last one before the
   volatile note). No breakpoint goes after a volatile value left in the system prompt (a
   clock, a request id): that write could never be read. Tools and system may use a longer
-  TTL (``FIRSTTOKEN_CACHE_HINTS_HEAD_TTL``); longer TTLs come first, as Anthropic requires. Markers use the shared extension: a
-  ``cache_control`` key on a content part (string content becomes one text part) or on a tool.
+  TTL (``FIRSTTOKEN_CACHE_HINTS_HEAD_TTL``); longer TTLs come first, as Anthropic requires.
+  Markers use the shared extension: a ``cache_control`` key on a content part (string
+  content becomes one text part) or on a tool.
 - ``openai`` routes: when the client set no ``prompt_cache_key``, set the prefix family key, so
   requests sharing a prefix are routed to the same cache machine. ``user`` is left as sent
   (billing and audit see it); the key simply does not include it.
@@ -31,8 +32,10 @@ from policies.request import (
     content_text,
     content_texts,
     is_empty_content,
+    messages_of,
     role_of,
     tool_function_name,
+    tools_of,
 )
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_tool
 from policies.volatile import has_volatile, is_volatile_note, mask_volatile
@@ -44,7 +47,7 @@ def _digest(data: str, size: int) -> str:
 
 def prefix_family_key(body: dict, tenant: str, model: str) -> str:
     """``ft-<tenant hash 8>-<prefix shape hash 12>``: a stable name for a prompt's prefix family."""
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    tools = tools_of(body) or []
     names = sorted(tool_function_name(tool) for tool in tools)
     system_texts = []
     for message in body.get("messages") or ():
@@ -102,7 +105,7 @@ def _mark_content(content: Any, marker: dict) -> Any:
 
 
 def _breakpoint_messages(messages: list[Any]) -> tuple[int | None, int | None, int | None]:
-    """Indices of the end of the system prompt, of the previous turn and of the last stable message."""
+    """Indices of the system prompt's end, of the previous turn and of the last stable message."""
     system_end = None
     for index, message in enumerate(messages):
         if role_of(message) not in SYSTEM_ROLES:
@@ -137,10 +140,10 @@ def _system_has_volatile(messages: list[Any]) -> bool:
 
 
 def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[dict, list[str]]:
-    """Return the body with breakpoints added, and where they went (e.g. ``["tools", "messages[4]"]``)."""
+    """The body with breakpoints added, and where they went (e.g. ``["tools", "messages[4]"]``)."""
     minimum = anthropic_min_tokens(model)
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    tools = tools_of(body) or []
+    messages = messages_of(body) or []
     prefix = TOKENS_FOR_REPLY + sum(count_tool(tool) for tool in tools)
     placed: list[str] = []
     result = dict(body)

@@ -114,7 +114,7 @@ class PolicyChain:
 
 
 def _tokens_after(body: dict, prints: PrefixFingerprints | None) -> int:
-    """``count_request_tokens(body)``, reusing the per-block counts the fingerprints already hold."""
+    """``count_request_tokens(body)``, reusing the per-block counts the fingerprints hold."""
     messages = body.get("messages")
     if prints is None or not isinstance(messages, list):
         return count_request_tokens(body)
@@ -123,9 +123,10 @@ def _tokens_after(body: dict, prints: PrefixFingerprints | None) -> int:
     return TOKENS_FOR_REPLY + counted + notes
 
 
-def build_chain(names: Sequence[str], options: Mapping[str, str]) -> PolicyChain:
-    """Validate ``options`` (environment-style strings, keys without FIRSTTOKEN_) and build the chain."""
-    parsed = parse_options(options)
+def build_chain(names: Sequence[str], options: PolicyOptions | Mapping[str, object]) -> PolicyChain:
+    """Build the chain from parsed options, or from environment-style strings (keys without
+    FIRSTTOKEN_), which are validated first."""
+    parsed = options if isinstance(options, PolicyOptions) else parse_options(options)
     policies: list[Policy] = []
     for name in names:
         if name == "slim":

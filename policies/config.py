@@ -7,9 +7,12 @@ the variable, instead of silently running without the opt-in.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# The one definition of the variables' prefix: the gateway imports it from here, since the
+# policies may not import the gateway.
 ENV_PREFIX = "FIRSTTOKEN_"
 POLICY_NAMES: tuple[str, ...] = ("slim", "canonicalize", "cache_hints")
 # Every policy in the default chain runs only its safe parts unless an opt-in is set.
@@ -52,22 +55,74 @@ class PolicyOptions:
     cache_hints: CacheHintsOptions = CacheHintsOptions()
 
 
-# option key (without FIRSTTOKEN_) -> (policy, field, kind)
-_OPTION_SPECS: dict[str, tuple[str, str, str]] = {
-    "SLIM_MINIFY_JSON": ("slim", "minify_json", "bool"),
-    "SLIM_DEDUPE_PASSAGES": ("slim", "dedupe_passages", "bool"),
-    "SLIM_MAX_PROMPT_TOKENS": ("slim", "max_prompt_tokens", "positive_int"),
-    "CANONICALIZE_SORT_TOOLS": ("canonicalize", "sort_tools", "bool"),
-    "CANONICALIZE_SORT_SCHEMA_KEYS": ("canonicalize", "sort_schema_keys", "bool"),
-    "CANONICALIZE_VOLATILE": ("canonicalize", "volatile", "bool"),
-    "CANONICALIZE_SORT_PASSAGES": ("canonicalize", "sort_passages", "bool"),
-    "CACHE_HINTS_HEAD_TTL": ("cache_hints", "head_ttl", "ttl"),
+# option key (without FIRSTTOKEN_) -> (policy, field, kind, what it does)
+_OPTION_SPECS: dict[str, tuple[str, str, str, str]] = {
+    "SLIM_MINIFY_JSON": (
+        "slim",
+        "minify_json",
+        "bool",
+        "opt-in: minify JSON in tool results and json blocks",
+    ),
+    "SLIM_DEDUPE_PASSAGES": (
+        "slim",
+        "dedupe_passages",
+        "bool",
+        "opt-in: replace repeated <passage> bodies",
+    ),
+    "SLIM_MAX_PROMPT_TOKENS": (
+        "slim",
+        "max_prompt_tokens",
+        "positive_int",
+        "opt-in: trim history to this many prompt tokens",
+    ),
+    "CANONICALIZE_SORT_TOOLS": (
+        "canonicalize",
+        "sort_tools",
+        "bool",
+        "opt-in: sort tools by name",
+    ),
+    "CANONICALIZE_SORT_SCHEMA_KEYS": (
+        "canonicalize",
+        "sort_schema_keys",
+        "bool",
+        "opt-in: sort object keys in tool definitions",
+    ),
+    "CANONICALIZE_VOLATILE": (
+        "canonicalize",
+        "volatile",
+        "bool",
+        "opt-in: move clocks and ids out of the system prompt",
+    ),
+    "CANONICALIZE_SORT_PASSAGES": (
+        "canonicalize",
+        "sort_passages",
+        "bool",
+        "opt-in: stable order for adjacent <passage> runs",
+    ),
+    "CACHE_HINTS_HEAD_TTL": (
+        "cache_hints",
+        "head_ttl",
+        "ttl",
+        "TTL of Anthropic breakpoints on tools and system (5m or 1h)",
+    ),
 }
 KNOWN_OPTIONS: tuple[str, ...] = tuple(_OPTION_SPECS)
-_POLICY_PREFIXES = tuple(name.upper() + "_" for name in POLICY_NAMES)
+# Every variable that starts with one of these belongs to a policy (FIRSTTOKEN_SLIM_...).
+POLICY_OPTION_PREFIXES: tuple[str, ...] = tuple(name.upper() + "_" for name in POLICY_NAMES)
 
 
-def parse_policy_list(value: str | None, *, source: str = "FIRSTTOKEN_POLICIES") -> tuple[str, ...]:
+def option_docs() -> list[tuple[str, object, str]]:
+    """(option key, default, what it does) for every policy option, for help texts."""
+    defaults = PolicyOptions()
+    return [
+        (key, getattr(getattr(defaults, policy), field), doc)
+        for key, (policy, field, _, doc) in _OPTION_SPECS.items()
+    ]
+
+
+def parse_policy_list(
+    value: str | None, *, source: str = f"{ENV_PREFIX}POLICIES"
+) -> tuple[str, ...]:
     """Parse an ordered, comma-separated policy list; ``None`` means unset (the default chain).
 
     ``source`` names where the value came from (the variable, a route, a header) for the error.
@@ -95,7 +150,7 @@ def parse_policy_list(value: str | None, *, source: str = "FIRSTTOKEN_POLICIES")
     return tuple(seen)
 
 
-def parse_options(options: Mapping[str, str]) -> PolicyOptions:
+def parse_options(options: Mapping[str, object]) -> PolicyOptions:
     """Validate every policy option in ``options`` (keys without the FIRSTTOKEN_ prefix).
 
     Keys that belong to no policy are ignored (the caller may pass the whole environment);
@@ -108,13 +163,10 @@ def parse_options(options: Mapping[str, str]) -> PolicyOptions:
             key = key[len(ENV_PREFIX) :]
         spec = _OPTION_SPECS.get(key)
         if spec is None:
-            if key.startswith(_POLICY_PREFIXES):
-                known = ", ".join(ENV_PREFIX + k for k in KNOWN_OPTIONS)
-                raise PolicyConfigError(
-                    f"{ENV_PREFIX}{key}: unknown policy option (known: {known})"
-                )
+            if key.startswith(POLICY_OPTION_PREFIXES):
+                raise PolicyConfigError(f"{ENV_PREFIX}{key}: unknown policy option{_hint(key)}")
             continue
-        policy, field, kind = spec
+        policy, field, kind, _ = spec
         fields[policy][field] = _parse_value(ENV_PREFIX + key, raw_value, kind)
     return PolicyOptions(
         slim=SlimOptions(**fields["slim"]),  # type: ignore[arg-type]
@@ -123,7 +175,14 @@ def parse_options(options: Mapping[str, str]) -> PolicyOptions:
     )
 
 
-def _parse_value(variable: str, raw: str, kind: str) -> object:
+def _hint(key: str) -> str:
+    close = difflib.get_close_matches(key, KNOWN_OPTIONS, n=1)
+    if close:
+        return f" (did you mean {ENV_PREFIX}{close[0]}?)"
+    return f" (known: {', '.join(ENV_PREFIX + k for k in KNOWN_OPTIONS)})"
+
+
+def _parse_value(variable: str, raw: object, kind: str) -> object:
     text = str(raw).strip()
     if kind == "bool":
         lowered = text.lower()

@@ -240,7 +240,7 @@ def _family_rank(block: BlockFingerprint) -> int:
 def find_prefix_break(
     previous: PrefixFingerprints, current: PrefixFingerprints
 ) -> PrefixBreak | None:
-    """The first block of ``previous`` that ``current`` does not repeat; None if all are repeated."""
+    """The first block of ``previous`` that ``current`` does not repeat; None if all repeat."""
     stable = 0
     for index, old in enumerate(previous.blocks):
         if index >= len(current.blocks):

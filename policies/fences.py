@@ -87,8 +87,3 @@ def outer_lines(text: str) -> tuple[str, str] | None:
             last = chunk_lines[-1]
             lines += len(chunk_lines)
     return (first, last) if lines >= 3 else None
-
-
-def code_blocks(text: str) -> list[str]:
-    """The fenced code blocks of ``text`` (fences included), in order."""
-    return [segment.text for segment in split_fences(text) if segment.is_code]

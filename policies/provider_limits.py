@@ -1,6 +1,14 @@
-"""Provider prompt-cache numbers, kept in one table (see shared/docs/provider-caching.md).
+"""Provider prompt-cache numbers, kept in one table.
 
-Providers change these; check their current documentation before relying on a number.
+The figures come from the providers' own documentation: OpenAI's "Prompt caching" guide
+(caching starts at 1,024 prompt tokens and grows in 128-token steps) and Anthropic's
+"Prompt caching" docs (at most 4 cache breakpoints, a 20-block lookback, and a minimum
+cacheable length per model family). Providers change these; check their current
+documentation before relying on a number.
+
+The Anthropic numbers shape the cache hints the policies add. The OpenAI ones are not used
+on the request path: they model what OpenAI reports as cached, for the cache-hit simulation
+(`bench/cache_hit.py`) and the tests.
 """
 
 from __future__ import annotations

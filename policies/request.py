@@ -1,7 +1,8 @@
 """Read and rewrite the text inside an OpenAI-format request without mutating it.
 
 A message's ``content`` is a string, a list of content parts, or ``None``. Policies only ever
-rewrite text (``{"type": "text"}`` parts and string content); images, audio and files pass through.
+rewrite text (``{"type": "text"}`` parts and string content); images, audio and files pass
+through.
 Rewrites are copy-on-write: unchanged objects are shared with the input, changed ones are new.
 """
 
@@ -36,7 +37,7 @@ def content_text(content: Any) -> str:
 
 
 def map_content_text(content: Any, rewrite: Callable[[str], str]) -> Any:
-    """Apply ``rewrite`` to each text of ``content``; return ``content`` itself when nothing changed."""
+    """Apply ``rewrite`` to each text of ``content``; ``content`` itself if nothing changed."""
     if isinstance(content, str):
         return rewrite(content)
     if not isinstance(content, list):

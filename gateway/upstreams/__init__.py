@@ -1,9 +1,7 @@
-"""Upstream kinds: `openai` (any OpenAI-compatible server), `anthropic`, and `local` (the bundled engine)."""
+"""Upstream kinds: `openai` (any OpenAI-compatible server), `anthropic`, and `local` (the
+bundled engine)."""
 
 from __future__ import annotations
-
-import os
-from collections.abc import Mapping
 
 from gateway.routes import Route
 from gateway.settings import Settings
@@ -18,10 +16,8 @@ from gateway.upstreams.base import (
 )
 
 
-def build_upstream(
-    route: Route, settings: Settings, environ: Mapping[str, str] | None = None
-) -> Upstream:
-    environ = os.environ if environ is None else environ
+def build_upstream(route: Route, settings: Settings) -> Upstream:
+    """The upstream for `route`; its key comes from the settings, which read it at load."""
     if route.kind == "local":
         from gateway.upstreams.local import LocalUpstream
 
@@ -32,20 +28,18 @@ def build_upstream(
             isolate_tenants=settings.isolate_engine_tenants(),
             max_num_batched_tokens=settings.engine_max_num_batched_tokens,
         )
-    options = dict(
-        api_key=route.api_key(environ),
+    from gateway.upstreams.anthropic import AnthropicUpstream
+    from gateway.upstreams.openai import OpenAIUpstream
+
+    kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
+    return kind(
+        route,
+        api_key=settings.route_api_key(route),
         pool_size=settings.pool_size,
         connect_timeout_s=settings.connect_timeout_s,
         max_event_bytes=settings.max_event_bytes,
         max_response_bytes=settings.max_response_bytes,
     )
-    if route.kind == "anthropic":
-        from gateway.upstreams.anthropic import AnthropicUpstream
-
-        return AnthropicUpstream(route, **options)
-    from gateway.upstreams.openai import OpenAIUpstream
-
-    return OpenAIUpstream(route, **options)
 
 
 __all__ = [
