@@ -24,15 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policies import DEFAULT_POLICIES, PolicyContext, build_chain
 from policies.provider_limits import (
@@ -67,7 +64,7 @@ OPT_INS = {
 TARGET_SHARE_OF_IDEAL = 0.90
 TIME_LIMIT_S = 150.0
 
-# ---------------------------------------------------------------- workload (also used by policy_overhead)
+# ------------------------------------------------------- workload (also used by policy_overhead)
 WORDS = (
     "the customer account order refund policy shipping invoice payment status agent tool result "
     "search query document section summary error retry timeout latency cache prefix token model "
@@ -414,7 +411,8 @@ def main() -> int:
         f"{'written':>9} {'cached %':>9} {'cost $':>8} {'of ideal':>9}"
     )
     print(
-        f"workload: {TENANTS} tenants x {SESSIONS} sessions x {USER_TURNS} turns x 2 requests, {TOOLS} tools"
+        f"workload: {TENANTS} tenants x {SESSIONS} sessions x {USER_TURNS} turns x 2 requests, "
+        f"{TOOLS} tools"
     )
     print(header)
     for row in rows:
@@ -445,7 +443,8 @@ def main() -> int:
         # Reported, not a target: Anthropic cache writes cost 1.25x, so breakpoints on a prefix
         # the client breaks anyway (shuffled tools) can cost more than sending no breakpoints.
         warnings.append(
-            f"{provider}: estimated cost safe {by['safe']['cost']:.3f} vs none {by['none']['cost']:.3f}"
+            f"{provider}: estimated cost safe {by['safe']['cost']:.3f}"
+            f" vs none {by['none']['cost']:.3f}"
             f" ({'higher' if by['safe']['cost'] > by['none']['cost'] else 'not higher'})"
         )
     for text, ok in checks:

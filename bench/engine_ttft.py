@@ -29,8 +29,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from engine_backend.config import EngineConfig
 from engine_backend.demo import RandomModelSpec, build_demo_model
 from engine_backend.llm_engine import LLMEngine

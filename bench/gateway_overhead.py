@@ -99,7 +99,8 @@ def main() -> int:
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>4} {r['direct_ttft_p50_ms']:>10.2f} {r['direct_ttft_p99_ms']:>7.2f} "
+            f"{r['concurrency']:>4} {r['direct_ttft_p50_ms']:>10.2f} "
+            f"{r['direct_ttft_p99_ms']:>7.2f} "
             f"{r['gateway_ttft_p50_ms']:>8.2f} {r['gateway_ttft_p99_ms']:>7.2f} "
             f"{r['added_ttft_p50_ms']:>9.2f} {r['floor_added_ttft_p50_ms']:>11.2f} "
             f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "

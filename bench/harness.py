@@ -39,6 +39,7 @@ def _taskset(core: str) -> list[str]:
 
 def wait_http(url: str, timeout: float = 30.0) -> float:
     """Seconds until `url` answers 200."""
+    import http.client
     import urllib.request
 
     start = time.perf_counter()
@@ -47,7 +48,9 @@ def wait_http(url: str, timeout: float = 30.0) -> float:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
                     return time.perf_counter() - start
-        except Exception:
+        except (OSError, http.client.HTTPException):
+            # Not up yet: refused, reset, timed out (all OSError, HTTPError included) or a
+            # half-started server's malformed reply.
             time.sleep(0.01)
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 

@@ -67,9 +67,9 @@ class Limits:
 
     @classmethod
     def from_settings(cls) -> Limits:
-        from gateway.settings import Settings
+        from gateway.settings import load_settings
 
-        s = Settings()
+        s = load_settings()
         return cls(
             s.max_body_bytes,
             s.max_json_depth,
@@ -281,7 +281,7 @@ def messages_body(limits: Limits, pool: str, extra_parts: int, chars: int) -> by
                         {
                             "id": f"call_{i}",
                             "type": "function",
-                            "function": {"name": "lookup", "arguments": '{"q": "%d"}' % i},
+                            "function": {"name": "lookup", "arguments": f'{{"q": "{i}"}}'},
                         }
                     ],
                 }

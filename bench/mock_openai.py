@@ -35,6 +35,7 @@ class MockBehaviour:
     redirect_to: str | None = None  # answer 307 to this base URL
     hang_s: float = 0.0  # wait (streams: after event 1)
     object_headers: dict[str, str] = field(default_factory=dict)  # extra response headers
+    answer_headers: dict[str, str] = field(default_factory=dict)  # on chat/messages answers
     pad_bytes: int = 0  # padding added to list bodies
     huge_event_bytes: int = 0  # a response stream event this big
 
@@ -137,11 +138,12 @@ class MockUpstream:
                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                     "usage": self._usage(b.chunks),
                     "x_unknown_field": {"kept": True},
-                }
+                },
+                headers=b.answer_headers,
             )
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", **b.answer_headers})
         await resp.prepare(request)
         base = {
             "id": "chatcmpl-mock",
@@ -262,6 +264,20 @@ class MockUpstream:
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
+        if "anthropic-version" in request.headers:  # Anthropic's shape of the same list
+            return web.json_response(
+                {
+                    "data": [
+                        {
+                            "type": "model",
+                            "id": "claude-mock-4",
+                            "display_name": "Claude Mock 4",
+                            "created_at": "2025-05-22T00:00:00Z",
+                        }
+                    ],
+                    "has_more": False,
+                }
+            )
         return web.json_response(
             {
                 "object": "list",
@@ -303,9 +319,12 @@ class MockUpstream:
                     "stop_reason": "end_turn",
                     "stop_sequence": None,
                     "usage": {**usage, "output_tokens": 4},
-                }
+                },
+                headers=self.behaviour.answer_headers,
             )
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp = web.StreamResponse(
+            headers={"content-type": "text/event-stream", **self.behaviour.answer_headers}
+        )
         await resp.prepare(request)
 
         async def event(name: str, data: dict) -> None:

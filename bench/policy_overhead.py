@@ -122,12 +122,13 @@ def main() -> int:
         "runs before the gateway sends the body upstream"
     )
     print(
-        f"{'chain':<9} {'stage':<10} {'case':<11} {'runs':>5} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
+        f"{'chain':<9} {'stage':<10} {'case':<11} {'runs':>5} "
+        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
     )
     for row in rows:
         print(
-            f"{row['chain']:<9} {row['stage']:<10} {row['case']:<11} {row['runs']:>5} {row['p50_ms']:>8.3f} "
-            f"{row['p95_ms']:>8.3f} {row['mean_ms']:>8.3f}"
+            f"{row['chain']:<9} {row['stage']:<10} {row['case']:<11} {row['runs']:>5} "
+            f"{row['p50_ms']:>8.3f} {row['p95_ms']:>8.3f} {row['mean_ms']:>8.3f}"
         )
     target = next(
         r
@@ -144,7 +145,8 @@ def main() -> int:
     )
     verdict = "PASS" if passed else "FAIL"
     print(
-        f"{verdict}: default chain, next turn, p50 {target['p50_ms']:.3f} ms (target < {TARGET_P50_MS} ms)"
+        f"{verdict}: default chain, next turn, p50 {target['p50_ms']:.3f} ms "
+        f"(target < {TARGET_P50_MS} ms)"
     )
     print(f"wrote {RESULTS}")
     return 0 if passed else 1

@@ -74,8 +74,10 @@ def main() -> int:
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>4} {r['variant']:>9} {r['ttft_p50_ms']:>8.2f} {r['ttft_p99_ms']:>8.2f} "
-            f"{r['added_p50_ms']:>9.2f} {r['rps']:>7.1f} {r['throughput_vs_off']:>7.3f} {r['errors']:>4}"
+            f"{r['concurrency']:>4} {r['variant']:>9} "
+            f"{r['ttft_p50_ms']:>8.2f} {r['ttft_p99_ms']:>8.2f} "
+            f"{r['added_p50_ms']:>9.2f} {r['rps']:>7.1f} "
+            f"{r['throughput_vs_off']:>7.3f} {r['errors']:>4}"
         )
     verdicts = {}
     for r in rows:
@@ -109,7 +111,7 @@ def _cleanup(url: str, prefix: str) -> None:
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         if keys:
             client.delete(*keys)
-    except Exception:
+    except Exception:  # noqa: BLE001  # best-effort cleanup: must not hide the bench's result
         pass
 
 

@@ -16,6 +16,7 @@ from gateway.upstreams.anthropic_format import (
     to_anthropic_request,
     to_openai_response,
 )
+from gateway.upstreams.base import chunk_has_content
 
 MODEL = "claude-test-1"
 EPHEMERAL = {"type": "ephemeral"}
@@ -596,12 +597,12 @@ def test_text_stream_event_by_event():
             ],
         }
     ]
-    assert translator.saw_content is False
+    assert not chunk_has_content(first[0])  # the role chunk is not the first token
     assert translator.feed(*block_start(0, {"type": "text", "text": ""})) == []
     assert translator.feed(*PING) == []
     hello = translator.feed(*block_delta(0, {"type": "text_delta", "text": "Hello"}))
     assert [c["choices"][0]["delta"] for c in hello] == [{"content": "Hello"}]
-    assert translator.saw_content is True
+    assert chunk_has_content(hello[0])
     world = translator.feed(*block_delta(0, {"type": "text_delta", "text": " world"}))
     assert world[0]["choices"][0]["delta"] == {"content": " world"}
     assert translator.feed(*block_stop(0)) == []
@@ -671,7 +672,7 @@ def test_parallel_tool_use_stream_with_json_fragments():
 
 
 def test_thinking_stream_becomes_reasoning_content():
-    chunks, translator = run(
+    chunks, _ = run(
         [
             message_start(),
             block_start(0, {"type": "thinking", "thinking": ""}),
@@ -686,7 +687,7 @@ def test_thinking_stream_becomes_reasoning_content():
         ]
     )
     assert deltas(chunks)[1:3] == [{"reasoning_content": "Let me think"}, {"content": "42"}]
-    assert translator.saw_content
+    assert chunk_has_content(chunks[1])  # reasoning counts as the first token
 
 
 def test_stream_usage_with_cache_read_and_creation():
@@ -725,7 +726,8 @@ def test_stream_stop_reasons(stop_reason, finish):
 def test_error_event_raises_with_message_and_type():
     translator = AnthropicStreamTranslator("m", include_usage=True)
     translator.feed(*message_start())
-    translator.feed(*block_delta(0, {"type": "text_delta", "text": "par"}))
+    partial = translator.feed(*block_delta(0, {"type": "text_delta", "text": "par"}))
+    assert deltas(partial) == [{"content": "par"}]
     with pytest.raises(AnthropicStreamError) as info:
         translator.feed(
             "error",
@@ -733,7 +735,6 @@ def test_error_event_raises_with_message_and_type():
         )
     assert (info.value.message, info.value.type) == ("Overloaded", "overloaded_error")
     assert info.value.to_openai()["error"]["type"] == "overloaded_error"
-    assert translator.saw_content
 
 
 def test_events_of_unexpected_shape_are_ignored_like_unknown_fields():

@@ -6,13 +6,10 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import openai_route
-from tests.local_servers import free_port
-
-
-def sdk(gw, key="k") -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
-
+from bench.harness import free_port
+from gateway.settings import Settings
+from tests.support.clients import sdk_client
+from tests.support.gateway import GatewayThread, openai_route
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -41,29 +38,33 @@ def test_malformed_json_is_400(mock_upstream, make_gateway):
 def test_missing_or_invalid_fields_are_400(mock_upstream, make_gateway, body, param):
     gw = make_gateway([openai_route(mock_upstream)])
     with pytest.raises(openai.BadRequestError) as err:
-        sdk(gw).post("/chat/completions", body=body, cast_to=object)
+        sdk_client(gw).post("/chat/completions", body=body, cast_to=object)
     assert err.value.body["param"] == param
 
 
 def test_unknown_tenant_key_is_401_and_known_key_works(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], tenant_keys="acme:good-key")
     with pytest.raises(openai.AuthenticationError):
-        sdk(gw, "bad-key").chat.completions.create(model="mock-1", messages=MESSAGES)
+        sdk_client(gw, "bad-key").chat.completions.create(model="mock-1", messages=MESSAGES)
     r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "mock-1", "messages": MESSAGES})
     assert r.status_code == 401 and "good-key" not in r.text
-    assert sdk(gw, "good-key").chat.completions.create(model="mock-1", messages=MESSAGES).choices
+    assert (
+        sdk_client(gw, "good-key")
+        .chat.completions.create(model="mock-1", messages=MESSAGES)
+        .choices
+    )
 
 
 def test_unrouted_model_is_404(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     with pytest.raises(openai.NotFoundError):
-        sdk(gw).chat.completions.create(model="llama-9", messages=MESSAGES)
+        sdk_client(gw).chat.completions.create(model="llama-9", messages=MESSAGES)
 
 
 def test_body_over_limit_is_413(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], max_body_bytes=2000)
     with pytest.raises(openai.APIStatusError) as err:
-        sdk(gw).chat.completions.create(
+        sdk_client(gw).chat.completions.create(
             model="mock-1", messages=[{"role": "user", "content": "x" * 5000}]
         )
     assert err.value.status_code == 413
@@ -74,7 +75,7 @@ def test_upstream_5xx_after_retries_is_502(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.fail_statuses = [500, 500]
     gw = make_gateway([openai_route(mock_upstream)], retry_attempts=2)
     with pytest.raises(openai.APIStatusError) as err:
-        sdk(gw).chat.completions.create(model="mock-1", messages=MESSAGES, stream=True)
+        sdk_client(gw).chat.completions.create(model="mock-1", messages=MESSAGES, stream=True)
     assert err.value.status_code == 502
     assert len(mock_upstream.mock.requests) == 2
 
@@ -94,10 +95,10 @@ def test_upstream_503_is_503_and_unreachable_is_503(mock_upstream, make_gateway)
         retry_attempts=1,
     )
     with pytest.raises(openai.InternalServerError) as err:
-        sdk(gw).chat.completions.create(model="mock-1", messages=MESSAGES)
+        sdk_client(gw).chat.completions.create(model="mock-1", messages=MESSAGES)
     assert err.value.status_code == 503
     with pytest.raises(openai.InternalServerError) as err:
-        sdk(gw).chat.completions.create(model="down-1", messages=MESSAGES)
+        sdk_client(gw).chat.completions.create(model="down-1", messages=MESSAGES)
     assert err.value.status_code == 503
 
 
@@ -105,18 +106,15 @@ def test_upstream_4xx_passes_through_with_body(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.fail_statuses = [422]
     gw = make_gateway([openai_route(mock_upstream)])
     with pytest.raises(openai.UnprocessableEntityError) as err:
-        sdk(gw).chat.completions.create(model="mock-1", messages=MESSAGES)
+        sdk_client(gw).chat.completions.create(model="mock-1", messages=MESSAGES)
     assert err.value.body["message"] == "mock failure 422"
     assert len(mock_upstream.mock.requests) == 1
 
 
 def test_no_route_configured_is_503_with_help(make_gateway, monkeypatch):
     monkeypatch.setattr("gateway.service.engine_installed", lambda: False)
-    from gateway.settings import Settings
-    from tests.gateway.servers import GatewayThread
-
-    with GatewayThread(Settings(), {}) as gw:
+    with GatewayThread(Settings()) as gw:
         with pytest.raises(openai.InternalServerError) as err:
-            sdk(gw).chat.completions.create(model="gpt-4o", messages=MESSAGES)
+            sdk_client(gw).chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert err.value.status_code == 503
     assert "OPENAI_API_KEY" in err.value.message and "FIRSTTOKEN_ROUTES" in err.value.message

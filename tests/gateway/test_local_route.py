@@ -1,4 +1,5 @@
-"""The bundled engine behind the gateway: the `local` route kind and the no-configuration default."""
+"""The bundled engine behind the gateway: the `local` route kind, and the default with no
+configuration."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from engine_backend.demo import RandomModelSpec, write_random_model
 from gateway.settings import Settings
-from tests.gateway.servers import GatewayThread
+from tests.support.clients import sdk_client
+from tests.support.gateway import GatewayThread
 
 TINY = RandomModelSpec(
     hidden_size=64,
@@ -36,7 +38,7 @@ def local_route(path: str) -> dict:
 
 
 def sdk(gw, key: str = "k") -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    return sdk_client(gw, key, timeout=60)  # the engine's first step compiles: slow on CPU
 
 
 def stream_usage(client: openai.OpenAI, content: str):
@@ -79,6 +81,21 @@ def test_local_route_streams_and_reports_prefix_cache_hits(tiny_model, make_gate
     assert routes[0]["route"] == "engine" and routes[0]["cached_prompt_tokens"] >= 64
 
 
+def test_a_pattern_route_answers_with_the_model_the_client_asked_for(tiny_model, make_gateway):
+    """`local-*` matches many names; the SDK reads back the one it sent, never the folder's."""
+    route = {"name": "engine", "models": ["local-*"], "kind": "local", "model_path": tiny_model}
+    gw = make_gateway([route])
+    gw.wait_ready()
+    messages = [{"role": "user", "content": "hi"}]
+    stream = sdk(gw).chat.completions.create(
+        model="local-x", stream=True, max_tokens=2, messages=messages
+    )
+    chunks = list(stream)
+    assert chunks and {chunk.model for chunk in chunks} == {"local-x"}
+    whole = sdk(gw).chat.completions.create(model="local-x", max_tokens=2, messages=messages)
+    assert whole.model == "local-x"
+
+
 def test_tenant_isolation_reaches_the_engine(tiny_model, make_gateway):
     gw = make_gateway(
         [local_route(tiny_model)], tenant_keys="a:key-a,b:key-b", engine_isolate_tenants=True
@@ -91,7 +108,7 @@ def test_tenant_isolation_reaches_the_engine(tiny_model, make_gateway):
 
 def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
     monkeypatch.setenv("FIRSTTOKEN_CACHE_DIR", str(tmp_path))
-    with GatewayThread(Settings(), {}) as gw:
+    with GatewayThread(Settings()) as gw:
         gw.wait_ready(120)
         models = sdk(gw).models.list().data
         assert [m.id for m in models] == ["firsttoken-demo-random"]
@@ -104,7 +121,7 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
 def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway):
     gw = make_gateway([local_route(tiny_model)])
     gw.wait_ready()
-    engine = gw.gateway.upstreams["engine"].engine.engine
+    llm = gw.gateway.upstreams["engine"].local_engine.llm
     body = {
         "model": "tiny",
         "stream": True,
@@ -116,9 +133,9 @@ def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway)
         for line in r.iter_lines():
             if '"content"' in line and '"content":""' not in line:
                 break
-        assert engine.has_unfinished()
+        assert llm.has_unfinished()
     deadline = time.monotonic() + 0.5  # generating the rest would take seconds
-    while engine.has_unfinished() and time.monotonic() < deadline:
+    while llm.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not engine.has_unfinished(), "the engine kept generating for a client that left"
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
+    assert not llm.has_unfinished(), "the engine kept generating for a client that left"
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks

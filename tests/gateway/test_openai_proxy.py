@@ -6,16 +6,14 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import openai_route
-
-
-def client(gw, key: str = "client-key") -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
+from bench.harness import free_port
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
 
 
 def test_non_streaming_chat_passes_unknown_fields_and_swaps_key(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    resp = client(gw).chat.completions.create(
+    resp = sdk_client(gw).chat.completions.create(
         model="mock-1",
         messages=[{"role": "user", "content": "hi"}],
         extra_body={"x_vendor_option": {"a": 1}},
@@ -31,7 +29,7 @@ def test_non_streaming_chat_passes_unknown_fields_and_swaps_key(mock_upstream, m
 def test_streaming_chat_hides_usage_the_client_did_not_ask_for(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     chunks = list(
-        client(gw).chat.completions.create(
+        sdk_client(gw).chat.completions.create(
             model="mock-1", messages=[{"role": "user", "content": "hi"}], stream=True
         )
     )
@@ -44,7 +42,7 @@ def test_streaming_chat_hides_usage_the_client_did_not_ask_for(mock_upstream, ma
 def test_streaming_chat_keeps_usage_when_asked(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     chunks = list(
-        client(gw).chat.completions.create(
+        sdk_client(gw).chat.completions.create(
             model="mock-1",
             messages=[{"role": "user", "content": "hi"}],
             stream=True,
@@ -66,7 +64,7 @@ def test_tool_calls_stream_and_not(mock_upstream, make_gateway):
             },
         }
     ]
-    c = client(gw)
+    c = sdk_client(gw)
     resp = c.chat.completions.create(
         model="mock-1", tools=tools, messages=[{"role": "user", "content": "weather?"}]
     )
@@ -82,7 +80,7 @@ def test_tool_calls_stream_and_not(mock_upstream, make_gateway):
 
 def test_legacy_completions(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    c = client(gw)
+    c = sdk_client(gw)
     assert c.completions.create(model="mock-1", prompt="say").choices[0].text == "hello world"
     text = "".join(
         ch.choices[0].text for ch in c.completions.create(model="mock-1", prompt="say", stream=True)
@@ -92,15 +90,15 @@ def test_legacy_completions(mock_upstream, make_gateway):
 
 def test_models_lists_exact_names_and_what_the_patterns_match(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream, models=["gpt-4o", "mock-*"])])
-    ids = [m.id for m in client(gw).models.list()]
+    ids = [m.id for m in sdk_client(gw).models.list()]
     assert ids == ["gpt-4o", "mock-model"]
     gw2 = make_gateway([openai_route(mock_upstream, models=["gpt-*"])])
-    assert [m.id for m in client(gw2).models.list()] == []
+    assert [m.id for m in sdk_client(gw2).models.list()] == []
 
 
 def test_other_v1_paths_pass_through(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    emb = client(gw).embeddings.create(model="mock-embed", input="hello")
+    emb = sdk_client(gw).embeddings.create(model="mock-embed", input="hello")
     assert emb.data[0].embedding == [0.1, 0.2, 0.3]
     seen = mock_upstream.mock.requests[-1]
     assert seen["path"] == "/v1/embeddings"
@@ -112,7 +110,7 @@ def test_retry_before_first_byte_on_5xx_and_429(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.retry_after = "0"
     gw = make_gateway([openai_route(mock_upstream)], retry_attempts=3)
     chunks = list(
-        client(gw).chat.completions.create(
+        sdk_client(gw).chat.completions.create(
             model="mock-1", messages=[{"role": "user", "content": "hi"}], stream=True
         )
     )
@@ -121,8 +119,6 @@ def test_retry_before_first_byte_on_5xx_and_429(mock_upstream, make_gateway):
 
 
 def test_fallback_route_serves_when_primary_is_down(mock_upstream, make_gateway):
-    from tests.local_servers import free_port
-
     dead = {
         "name": "dead",
         "models": ["mock-*"],
@@ -132,7 +128,7 @@ def test_fallback_route_serves_when_primary_is_down(mock_upstream, make_gateway)
     }
     backup = openai_route(mock_upstream, models=["backup-only"])
     gw = make_gateway([dead, backup])
-    resp = client(gw).chat.completions.create(
+    resp = sdk_client(gw).chat.completions.create(
         model="mock-1", messages=[{"role": "user", "content": "hi"}]
     )
     assert resp.choices[0].message.content.startswith("tok0")
@@ -188,7 +184,7 @@ def test_first_token_timeout_is_504_and_falls_back(mock_upstream, make_gateway):
     mock_upstream.mock.behaviour.first_delay_s = 1.0
     gw = make_gateway([openai_route(mock_upstream, first_token_timeout_s=0.2)], retry_attempts=1)
     with pytest.raises(openai.APIStatusError) as err:
-        client(gw).chat.completions.create(
+        sdk_client(gw).chat.completions.create(
             model="mock-1", stream=True, messages=[{"role": "user", "content": "x"}]
         )
     assert err.value.status_code == 504

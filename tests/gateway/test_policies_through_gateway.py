@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.gateway.conftest import openai_route
+from tests.support.gateway import openai_route
 
 SYSTEM = "You are a careful assistant.   \n\n\n\n\nAnswer briefly.\u200b"
 
@@ -69,13 +69,12 @@ def test_route_override_and_env_options(mock_upstream, make_gateway):
 def test_bad_policy_option_fails_start_naming_the_variable(mock_upstream):
     import orjson
 
-    from gateway.app import create_app
-    from gateway.settings import Settings, SettingsError
+    from gateway.settings import SettingsError, load_settings
 
     with pytest.raises(SettingsError, match="FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS"):
-        create_app(
-            Settings(routes=orjson.dumps([openai_route(mock_upstream)]).decode()),
-            {"FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS": "lots"},
+        load_settings(
+            environ={"FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS": "lots"},
+            routes=orjson.dumps([openai_route(mock_upstream)]).decode(),
         )
 
 

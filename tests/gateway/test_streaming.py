@@ -6,10 +6,10 @@ import asyncio
 import time
 
 import httpx
-import openai
 import pytest
 
-from tests.gateway.conftest import openai_route
+from tests.support.clients import sdk_client
+from tests.support.gateway import anthropic_route, openai_route
 
 BODY = {"model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}
 
@@ -54,19 +54,9 @@ def test_client_disconnect_closes_upstream_within_a_second(mock_upstream, make_g
     assert_upstream_saw_client_leave(mock_upstream.mock, left)
 
 
-def anthropic_route(server) -> dict:
-    return {
-        "name": "claude",
-        "models": ["claude-*"],
-        "kind": "anthropic",
-        "base_url": server.base_url,
-        "api_key_env": "MOCK_KEY",
-    }
-
-
 def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
     gw = make_gateway([anthropic_route(mock_upstream)])
-    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    c = sdk_client(gw)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     resp = c.chat.completions.create(model="claude-x", messages=messages)
     assert resp.choices[0].message.content == "Hello from Claude"
@@ -87,7 +77,7 @@ def test_anthropic_route_through_openai_sdk(mock_upstream, make_gateway):
 
 def test_anthropic_tool_use_stream(mock_upstream, make_gateway):
     gw = make_gateway([anthropic_route(mock_upstream)])
-    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    c = sdk_client(gw)
     tools = [
         {
             "type": "function",

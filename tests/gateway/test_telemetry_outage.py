@@ -3,28 +3,16 @@ it is back; what the bound could not hold is counted exactly."""
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import time
 
 import httpx
 import openai
-import pytest
 
-from tests.gateway.conftest import openai_route
-from tests.local_servers import PrivateRedis, free_port
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
 
 BUFFER = 4
-
-
-@pytest.fixture
-def private_redis():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    server = PrivateRedis(free_port())
-    server.start()
-    yield server
-    server.kill()
 
 
 def timed_stream(client: openai.OpenAI) -> float:
@@ -53,15 +41,16 @@ def dropped(gw) -> float:
 
 
 def test_redis_outage_slows_nothing_and_buffer_drains(mock_upstream, make_gateway, private_redis):
+    private_redis.start()
     mock_upstream.mock.behaviour.first_delay_s = 0.02
     # No policies: prefix fingerprints would share the buffer and blur the exact count.
     gw = make_gateway(
         [openai_route(mock_upstream)],
         telemetry_buffer=BUFFER,
         policies="none",
-        redis_url=f"redis://127.0.0.1:{private_redis.port}/0",
+        redis_url=private_redis.url,
     )
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    client = sdk_client(gw)
     healthy = [timed_stream(client) for _ in range(4)]
     deadline = time.monotonic() + 5
     while count(gw) != 4 and time.monotonic() < deadline:

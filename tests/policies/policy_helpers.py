@@ -1,6 +1,7 @@
-"""Request builders shared by the policy tests."""
+"""Request builders and inspectors shared by the policy tests."""
 
 from policies import PolicyContext
+from policies.fences import split_fences
 
 OPENAI = PolicyContext(endpoint="chat", route_kind="openai", model="gpt-4.1", tenant="acme")
 ANTHROPIC = PolicyContext(
@@ -26,3 +27,8 @@ def tool(name, properties=None, description="does a thing"):
 
 def chat(*messages, **extra):
     return {"model": "gpt-4.1", "messages": list(messages), **extra}
+
+
+def code_blocks(text: str) -> list[str]:
+    """The fenced code blocks of ``text`` (fences included), in order."""
+    return [segment.text for segment in split_fences(text) if segment.is_code]

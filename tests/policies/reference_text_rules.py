@@ -16,7 +16,8 @@ JSON_WHITESPACE = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
 PASSAGE = re.compile(r"<passage\b([^>]*)>(.*?)</passage>", re.DOTALL)
 PASSAGE_BODY = re.compile(r"(<passage\b[^>]*>).*?(</passage>)", re.DOTALL)
 VOLATILE = re.compile(
-    r"(?P<time>\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
+    r"(?P<time>\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
+    r"(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
     r"|(?P<id>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
     r"|(?P<date>\b\d{4}-\d{2}-\d{2}\b"
     r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}\b)"

@@ -1,8 +1,7 @@
-from policy_helpers import ANTHROPIC, LOCAL, OPENAI, chat, tool
-
 from policies import PolicyContext, build_chain, count_request_tokens
 from policies.provider_limits import anthropic_min_tokens, openai_cached_tokens
 from policies.volatile import NOTE_MARKER
+from tests.policies.policy_helpers import ANTHROPIC, LOCAL, OPENAI, chat, tool
 
 LONG = "lorem ipsum dolor sit amet " * 400  # ~2k tokens
 
@@ -107,9 +106,9 @@ def test_openai_prompt_cache_key_stable_per_family_and_tenant():
     other_prompt["messages"][0]["content"] = "another system prompt"
     assert run(other_prompt, OPENAI).body["prompt_cache_key"] != key
     clock = conversation()
-    clock["messages"][0]["content"] += " now 2026-01-01T00:00:0%d" % 1
+    clock["messages"][0]["content"] += " now 2026-01-01T00:00:01"
     clock2 = conversation()
-    clock2["messages"][0]["content"] += " now 2026-01-01T00:00:0%d" % 2
+    clock2["messages"][0]["content"] += " now 2026-01-01T00:00:02"
     assert run(clock, OPENAI).cache_key == run(clock2, OPENAI).cache_key
     client = conversation()
     client["prompt_cache_key"] = "mine"

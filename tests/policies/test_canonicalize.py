@@ -2,11 +2,11 @@ import copy
 import random
 
 import orjson
-from policy_helpers import ANTHROPIC, OPENAI, chat, tool
 
 from bench.cache_hit import shuffle_keys
 from policies import build_chain
 from policies.volatile import NOTE_MARKER
+from tests.policies.policy_helpers import ANTHROPIC, OPENAI, chat, tool
 
 
 def run(body, ctx=OPENAI, **options):
@@ -86,7 +86,8 @@ def test_sort_tools_and_schema_keys_keep_lists():
 def test_volatile_values_move_to_a_note_after_the_last_message():
     system = (
         "You are Ava. Now: 2026-03-01T09:15:02.123Z. Today is March 1, 2026. "
-        "Trace 3f2a8c1e-77b4-4c1d-9a0e-5b6c7d8e9f00 build 9fceb02d0ae598e95dc970b74767f19372d61af8. "
+        "Trace 3f2a8c1e-77b4-4c1d-9a0e-5b6c7d8e9f00 "
+        "build 9fceb02d0ae598e95dc970b74767f19372d61af8. "
         "Again at 2026-03-01T09:15:02.123Z. Port 8080, call 555-1234."
     )
     body = chat({"role": "system", "content": system}, {"role": "user", "content": "hi"})

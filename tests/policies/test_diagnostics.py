@@ -1,7 +1,7 @@
 import pytest
-from policy_helpers import ANTHROPIC, OPENAI, chat, tool
 
 from policies import PrefixFingerprints, build_chain, find_prefix_break, stable_prefix_tokens
+from tests.policies.policy_helpers import ANTHROPIC, OPENAI, chat, tool
 
 SYSTEM = "".join(f"Rule {index}: answer politely and cite sources. " for index in range(60))
 

@@ -12,11 +12,11 @@ import contextlib
 import json
 import os
 
-import reference_text_rules as ref
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from policies import cache_hints, fences, passages, prose, slim, textscan, tokens, volatile
+from tests.policies import reference_text_rules as ref
 
 # POLICY_PROPERTY_EXAMPLES=5000 searches harder; the default keeps the suite fast.
 EXAMPLES = max(int(os.environ.get("POLICY_PROPERTY_EXAMPLES", "400")), 400)

@@ -5,10 +5,9 @@ import os
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from policy_helpers import ANTHROPIC, LOCAL, OPENAI, tool
 
 from policies import DEFAULT_POLICIES, build_chain, count_request_tokens
-from policies.fences import code_blocks
+from tests.policies.policy_helpers import ANTHROPIC, LOCAL, OPENAI, code_blocks, tool
 
 ALL_OPT_INS = {
     "SLIM_MINIFY_JSON": "true",

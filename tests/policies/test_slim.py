@@ -2,11 +2,9 @@ import copy
 import itertools
 import json
 
-from policy_helpers import OPENAI, chat, tool
-
 from policies import build_chain
-from policies.fences import code_blocks
 from policies.slim import minify_json_text, slim_text
+from tests.policies.policy_helpers import OPENAI, chat, code_blocks, tool
 
 
 def run(body, **options):
@@ -35,7 +33,11 @@ def test_code_blocks_with_trailing_spaces_are_untouched():
 
 
 def test_indentation_and_joiners_and_non_ascii_are_kept():
-    text = "    indented line\n\tTabbed\nfamily: \U0001f468\u200d\U0001f469\u200d\U0001f467 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u00e9t\u00e9  "
+    text = (
+        "    indented line\n\tTabbed\n"
+        "family: \U0001f468\u200d\U0001f469\u200d\U0001f467 "
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u00e9t\u00e9  "
+    )
     result = slim_text(text)
     assert result == text.rstrip(" ")
     assert "\u200d" in result and "\u200c" in result
@@ -91,7 +93,9 @@ def test_minify_json_is_opt_in_and_exact():
         {"role": "tool", "tool_call_id": "c", "content": pretty},
         {
             "role": "user",
-            "content": 'Block:\n```json\n{\n  "x": [1, 2]\n}\n```\nand ```json\n{ not json }\n```\n',
+            "content": (
+                'Block:\n```json\n{\n  "x": [1, 2]\n}\n```\nand ```json\n{ not json }\n```\n'
+            ),
         },
     )
     assert run(body).body["messages"][2]["content"] == pretty

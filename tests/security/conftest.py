@@ -1,11 +1,10 @@
 """Shared fixtures for the adversarial suite: two tenants and an admin in front of real loopback
-servers. Each test file owns one class of attack; see the file names."""
+servers (`mock_upstream` and `make_gateway` come from tests/conftest.py). Each
+test file owns one class of attack; see the file names."""
 
 from __future__ import annotations
 
 import pytest
-
-from tests.gateway.conftest import make_gateway, mock_upstream, openai_route  # noqa: F401
 
 TENANT_A_KEY = "sk-acme-tenant-key-1"
 TENANT_B_KEY = "sk-globex-tenant-key-2"

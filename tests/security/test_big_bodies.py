@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError
-from tests.gateway.conftest import openai_route
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
+from tests.support.clients import sdk_client
+from tests.support.gateway import anthropic_route, openai_route
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIG = 4096  # FIRSTTOKEN_BIG_BODY_BYTES in these tests: every body below is bigger
@@ -34,7 +35,7 @@ def big_gateway(mock_upstream, make_gateway, tenant_settings):
 
 def test_a_big_body_gets_the_same_policies_and_answer(big_gateway, mock_upstream):
     gw = big_gateway
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0, timeout=60)
+    client = sdk_client(gw, TENANT_A_KEY, timeout=60)
     jobs = gw.gateway.offload.jobs
     whole = client.chat.completions.with_raw_response.create(**chat())
     chunks = list(client.chat.completions.create(**chat("again"), stream=True))
@@ -89,8 +90,8 @@ def test_a_big_body_is_refused_like_a_small_one(big_gateway, mock_upstream, body
 
 def test_a_big_body_cannot_name_another_tenants_file(big_gateway, mock_upstream):
     gw = big_gateway
-    a = openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0)
-    b = openai.OpenAI(base_url=gw.url + "/v1", api_key=TENANT_B_KEY, max_retries=0)
+    a = sdk_client(gw, TENANT_A_KEY, timeout=60)
+    b = sdk_client(gw, TENANT_B_KEY, timeout=60)
     file_a = a.files.create(file=("a.pdf", b"%PDF-1.4 acme"), purpose="user_data")
     part = {"type": "file", "file": {"file_id": file_a.id}}
     with pytest.raises(openai.NotFoundError):
@@ -110,14 +111,9 @@ def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
 
 
 def test_other_route_kinds_keep_big_bodies_in_process(mock_upstream, make_gateway):
-    anthropic = {
-        "name": "claude",
-        "models": ["claude-*"],
-        "kind": "anthropic",
-        "base_url": mock_upstream.base_url,
-        "api_key_env": "MOCK_KEY",
-    }
-    gw = make_gateway([openai_route(mock_upstream), anthropic], big_body_bytes=BIG)
+    gw = make_gateway(
+        [openai_route(mock_upstream), anthropic_route(mock_upstream)], big_body_bytes=BIG
+    )
     r = httpx.post(
         gw.url + "/v1/chat/completions", json={**chat(), "model": "claude-3-5-haiku"}, timeout=60
     )
@@ -135,7 +131,7 @@ async def test_a_worker_that_dies_fails_its_request_alone():
         0,
         process_min_bytes=1,
         process_workers=1,
-        process_init=(worker_init, (dumps_settings(Settings()), routes, {})),
+        process_init=(worker_init, (dumps_settings(Settings()), routes)),
     )
     raw = orjson.dumps(chat())
     try:
@@ -166,7 +162,7 @@ def test_workers_exit_when_their_gateway_is_killed(tmp_path):
         "routes = [{'name': 'm', 'models': ['*'], 'kind': 'openai', 'base_url': 'http://x/v1'}]\n"
         "async def main():\n"
         "    work = HeavyWork(0, process_min_bytes=1, process_workers=1, process_init=(\n"
-        "        worker_init, (dumps_settings(Settings()), routes, {})))\n"
+        "        worker_init, (dumps_settings(Settings()), routes)))\n"
         "    await work.start_processes()\n"
         "    print(await work.run_in_process('t', os.getpid), flush=True)\n"
         "    await asyncio.sleep(60)\n"

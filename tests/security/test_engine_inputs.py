@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 
 from engine_backend import EngineRequestError, LocalEngine
 from engine_backend.demo import RandomModelSpec, write_random_model
+from engine_backend.openai_response import CHAT
 from tests.engine_front.faults import break_sampling
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
+from tests.support.clients import sdk_client
 
 TINY = RandomModelSpec(
     hidden_size=64,
@@ -83,24 +85,20 @@ def gateway(make_gateway, tenant_settings, tiny_model):
 
 
 def local_engine(gw) -> LocalEngine:
-    return gw.gateway.upstreams["engine"].engine
+    return gw.gateway.upstreams["engine"].local_engine
 
 
 def count_submissions(engine: LocalEngine) -> list[dict]:
     """Record every request that reaches the engine thread (a spy; the call goes through)."""
     seen: list[dict] = []
-    real = engine.async_engine.add_request
+    real = engine.thread.add_request
 
     async def add_request(prompt_token_ids, params, **kw):
         seen.append({"seed": params.seed})
         return await real(prompt_token_ids, params, **kw)
 
-    engine.async_engine.add_request = add_request
+    engine.thread.add_request = add_request
     return seen
-
-
-def sdk(gw, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
 def greedy_chat(max_tokens: int, **extra) -> dict:
@@ -141,7 +139,7 @@ class Victim:
                         self.chunks.append(orjson.loads(line[6:]))
                         if len(self.chunks) >= 3:
                             self.started.set()
-        except BaseException as exc:  # reported by finish()
+        except BaseException as exc:  # noqa: BLE001  # anything at all: finish() re-raises it
             self.error = exc
         finally:
             self.started.set()
@@ -181,7 +179,7 @@ def test_poison_values_are_400s_that_never_reach_the_engine(gateway) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
     text = victim.finish()
     assert len(submitted) == 1, "a poison request reached the engine (or was retried)"
-    assert engine.async_engine.is_running
+    assert engine.thread.is_running
     assert text == victim.alone()
 
 
@@ -213,7 +211,7 @@ def test_a_request_failing_in_the_engine_fails_alone_and_is_not_retried(gateway)
     assert sum(1 for s in submitted if s["seed"] == MARK) == 3, "a failed request was retried"
     text = victim.finish()
     assert text == victim.alone()
-    llm = engine.engine
+    llm = engine.llm
     assert (
         llm.requests == {}
         and llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
@@ -221,7 +219,7 @@ def test_a_request_failing_in_the_engine_fails_alone_and_is_not_retried(gateway)
     # The SDK sees the in-stream error as an APIError, never a silent truncation.
     with pytest.raises(openai.APIError, match="sampling failed"):
         list(
-            sdk(gateway, TENANT_B_KEY).chat.completions.create(
+            sdk_client(gateway, TENANT_B_KEY, timeout=60).chat.completions.create(
                 stream=True, **{k: v for k, v in marked.items() if k != "ignore_eos"}
             )
         )
@@ -229,9 +227,9 @@ def test_a_request_failing_in_the_engine_fails_alone_and_is_not_retried(gateway)
 
 def test_an_engine_that_stopped_is_a_503(gateway) -> None:
     engine = local_engine(gateway)
-    engine.async_engine.shutdown()
+    engine.thread.shutdown()
     with pytest.raises(openai.InternalServerError) as info:
-        sdk(gateway, TENANT_A_KEY).chat.completions.create(
+        sdk_client(gateway, TENANT_A_KEY, timeout=60).chat.completions.create(
             model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
         )
     assert info.value.status_code == 503
@@ -239,7 +237,7 @@ def test_an_engine_that_stopped_is_a_503(gateway) -> None:
 
 def usage(gw, key: str, content: str):
     chunks = list(
-        sdk(gw, key).chat.completions.create(
+        sdk_client(gw, key, timeout=60).chat.completions.create(
             model="tiny",
             stream=True,
             max_tokens=2,
@@ -332,14 +330,14 @@ def test_fuzzed_sampling_fields_are_served_or_a_400(engine_loop, fields, budget)
 
     async def run() -> None:
         try:
-            out = await engine.chat_completion(body)
+            out = await engine.complete(body, endpoint=CHAT)
         except EngineRequestError as exc:
             assert exc.param in [*FIELDS, "messages"], exc.param
             return
         assert out["usage"]["completion_tokens"] >= 1
-        async for chunk in engine.chat_completion_stream(body):
+        async for chunk in engine.stream(body, endpoint=CHAT):
             assert "choices" in chunk
 
     loop.run_until_complete(asyncio.wait_for(run(), 30))
-    assert engine.async_engine.is_running
-    assert engine.engine.requests == {}
+    assert engine.thread.is_running
+    assert engine.llm.requests == {}

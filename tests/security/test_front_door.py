@@ -21,7 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.request_body import nested_deeper_than
-from tests.security.conftest import TENANT_A_KEY, auth
+from tests.security.conftest import ADMIN_KEY, TENANT_A_KEY, auth
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,8 +85,6 @@ def get_with(path: str = "/healthz", extra: bytes = b"") -> bytes:
 
 @pytest.fixture
 def gateway(mock_upstream, make_gateway, tenant_settings):
-    from tests.gateway.conftest import openai_route
-
     return make_gateway([openai_route(mock_upstream)], **tenant_settings)
 
 
@@ -119,8 +119,6 @@ def test_header_bytes_over_limit_is_431(gateway):
 
 
 def test_head_limits_follow_settings(mock_upstream, make_gateway):
-    from tests.gateway.conftest import openai_route
-
     gw = make_gateway(
         [openai_route(mock_upstream)],
         max_header_bytes=2048,
@@ -208,12 +206,6 @@ def test_64mb_header_does_not_stall_other_clients(gateway):
 # --- body limits (before policies) ------------------------------------------------------------
 
 
-def sdk(gw, **extra) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=gw.url + "/v1", api_key=TENANT_A_KEY, max_retries=0, timeout=20, **extra
-    )
-
-
 def test_big_declared_body_is_413_without_reading_it(gateway, mock_upstream):
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
@@ -244,7 +236,7 @@ def nested(levels: int) -> object:
 def test_deep_json_is_400_through_the_sdk(gateway, mock_upstream):
     # The body is one level, so 64 lists inside it make 65 (the limit is 64).
     with pytest.raises(openai.BadRequestError) as err:
-        sdk(gateway).chat.completions.create(
+        sdk_client(gateway, TENANT_A_KEY).chat.completions.create(
             model="mock-1", messages=MESSAGES, extra_body={"metadata": nested(64)}
         )
     assert err.value.body["code"] == "json_too_deep"
@@ -308,7 +300,7 @@ def test_depth_walk_matches_a_plain_recursive_walk(value):
 
 
 def test_json_depth_at_the_limit_is_served(gateway, mock_upstream):
-    reply = sdk(gateway).chat.completions.create(
+    reply = sdk_client(gateway, TENANT_A_KEY).chat.completions.create(
         model="mock-1", messages=MESSAGES, extra_body={"x_deep": nested(63)}
     )
     assert reply.choices
@@ -316,8 +308,6 @@ def test_json_depth_at_the_limit_is_served(gateway, mock_upstream):
 
 
 def test_json_depth_limit_follows_settings(mock_upstream, make_gateway):
-    from tests.gateway.conftest import openai_route
-
     gw = make_gateway([openai_route(mock_upstream)], max_json_depth=8)
     body = {"model": "mock-1", "messages": MESSAGES, "x": nested(7)}  # 8 deep
     assert httpx.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
@@ -328,10 +318,8 @@ def test_json_depth_limit_follows_settings(mock_upstream, make_gateway):
 
 
 def test_too_many_messages_is_400(mock_upstream, make_gateway):
-    from tests.gateway.conftest import openai_route
-
     gw = make_gateway([openai_route(mock_upstream)], max_messages=10)
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    client = sdk_client(gw)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="mock-1", messages=MESSAGES * 11)
     assert err.value.body["param"] == "messages"
@@ -342,11 +330,13 @@ def test_too_many_messages_is_400(mock_upstream, make_gateway):
 
 def test_long_model_is_400(gateway, mock_upstream):
     with pytest.raises(openai.BadRequestError) as err:
-        sdk(gateway).chat.completions.create(model="mock-" + "x" * 300, messages=MESSAGES)
+        sdk_client(gateway, TENANT_A_KEY).chat.completions.create(
+            model="mock-" + "x" * 300, messages=MESSAGES
+        )
     assert err.value.body["param"] == "model" and err.value.body["code"] == "model_too_long"
     assert "x" * 300 not in str(err.value.body)
     with pytest.raises(openai.BadRequestError) as err:
-        sdk(gateway).completions.create(model="mock-" + "x" * 300, prompt="hi")
+        sdk_client(gateway, TENANT_A_KEY).completions.create(model="mock-" + "x" * 300, prompt="hi")
     assert err.value.body["param"] == "model"
     assert mock_upstream.mock.requests == []
 
@@ -378,7 +368,7 @@ def test_404_and_405_are_openai_errors(gateway, mock_upstream, method, path, all
 
 def test_sdk_sees_405_as_a_typed_error(gateway):
     with pytest.raises(openai.APIStatusError) as err:
-        sdk(gateway).get("/chat/completions", cast_to=object)
+        sdk_client(gateway, TENANT_A_KEY).get("/chat/completions", cast_to=object)
     assert err.value.status_code == 405
     assert err.value.body["code"] == "method_not_allowed"
 
@@ -422,8 +412,6 @@ def test_trailing_slash_takes_the_hot_path(gateway, mock_upstream, path, body):
     ],
 )
 def test_bad_metrics_query_is_400(gateway, query):
-    from tests.security.conftest import ADMIN_KEY
-
     r = httpx.get(gateway.url + "/v1/metrics/ttft?" + query, headers=auth(ADMIN_KEY))
     assert r.status_code == 400
     assert_openai_error(r.json(), None, query.partition("=")[0])
@@ -435,8 +423,6 @@ def test_good_metrics_query_is_served(gateway):
 
 
 def test_too_many_json_containers_is_400_before_parsing(mock_upstream, make_gateway):
-    from tests.gateway.conftest import openai_route
-
     gw = make_gateway([openai_route(mock_upstream)], max_json_containers=1000)
     parts = [{"type": "text", "text": "a"}] * 1200
     r = httpx.post(

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
+from gateway.settings import load_settings
 from tests.security.conftest import (
     ADMIN_KEY,
     SECRETS,
@@ -25,6 +26,7 @@ from tests.security.conftest import (
     TENANT_KEYS,
     auth,
 )
+from tests.support.gateway import UPSTREAM_KEY_ENV, GatewayThread, anthropic_route, openai_route
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -184,32 +186,15 @@ extra_headers = st.dictionaries(
 def fuzz_env():
     mock = MockUpstream(MockBehaviour(chunks=2))
     with ThreadedServer(mock) as upstream:
-        from gateway.settings import Settings
-        from tests.gateway.servers import GatewayThread
-
-        routes = [
-            {
-                "name": "mock",
-                "models": ["mock-*", "gpt-*"],
-                "kind": "openai",
-                "base_url": upstream.base_url,
-                "api_key_env": "MOCK_KEY",
-            },
-            {
-                "name": "claude",
-                "models": ["claude-*"],
-                "kind": "anthropic",
-                "base_url": upstream.base_url,
-                "api_key_env": "MOCK_KEY",
-            },
-        ]
-        settings_ = Settings(
+        routes = [openai_route(upstream), anthropic_route(upstream)]
+        settings_ = load_settings(
+            environ={UPSTREAM_KEY_ENV: SECRETS[3]},
             routes=orjson.dumps(routes).decode(),
             tenant_keys=TENANT_KEYS,
             admin_keys=ADMIN_KEY,
             retry_attempts=1,
         )
-        gw = GatewayThread(settings_, {"MOCK_KEY": SECRETS[3]})
+        gw = GatewayThread(settings_)
         gw.__enter__()
         try:
             gw.wait_ready()
@@ -238,7 +223,7 @@ class LogTrap(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.lines.append(self.format(record))
-        except Exception:  # a record that cannot format is itself worth seeing
+        except Exception:  # noqa: BLE001  # a record that cannot format is itself worth seeing
             self.lines.append(repr(record.msg))
 
 

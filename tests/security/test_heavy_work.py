@@ -11,6 +11,7 @@ import pytest
 
 from gateway.offload import HeavyWork
 from tests.security.conftest import TENANT_A_KEY, auth
+from tests.support.gateway import openai_route
 
 
 async def test_a_tenant_queues_behind_itself_not_behind_others():
@@ -49,8 +50,6 @@ async def test_a_tenant_queues_behind_itself_not_behind_others():
 def test_big_bodies_get_the_same_policies_off_the_loop(
     mock_upstream, make_gateway, tenant_settings
 ):
-    from tests.gateway.conftest import openai_route
-
     gw = make_gateway(
         [openai_route(mock_upstream)], policy_thread_min_bytes=1024, **tenant_settings
     )

@@ -21,9 +21,9 @@ from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
 from gateway.errors import GatewayError
 from gateway.settings import Settings, SettingsError
 from gateway.upstream_paths import parse_target, upstream_url
-from tests.gateway.conftest import openai_route
-from tests.gateway.servers import GatewayThread
 from tests.security.conftest import UPSTREAM_KEY
+from tests.support.clients import sdk_client
+from tests.support.gateway import GatewayThread, openai_route
 
 
 def raw_request(
@@ -43,10 +43,6 @@ def assert_openai_error(status: int, data: bytes, expected: tuple[int, ...]) -> 
     error = orjson.loads(data)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     return error
-
-
-def client(gw, key: str = "client-key", timeout: float = 20) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 TRAVERSALS = [
@@ -113,7 +109,7 @@ def test_a_redirect_is_not_followed_and_the_other_host_sees_nothing(mock_upstrea
     with ThreadedServer(other) as elsewhere:
         mock_upstream.mock.behaviour.redirect_to = elsewhere.base_url
         gw = make_gateway([openai_route(mock_upstream)])
-        c = client(gw)
+        c = sdk_client(gw)
         with pytest.raises(openai.APIStatusError) as caught:
             c.responses.create(model="mock-1", input="the tenant's secret prompt")
         assert caught.value.status_code == 502
@@ -217,7 +213,7 @@ def test_departed_clients_close_the_upstream_and_leave_the_pool_free(mock_upstre
     assert len(mock_upstream.mock.disconnects) == 2
     assert max(mock_upstream.mock.disconnects) - left < 1.5
     started = time.perf_counter()
-    reply = client(gw, timeout=5).chat.completions.create(
+    reply = sdk_client(gw, timeout=5).chat.completions.create(
         model="mock-1", messages=[{"role": "user", "content": "hi"}]
     )
     assert reply.choices[0].message.content.startswith("tok0")
@@ -254,7 +250,7 @@ def test_request_bodies_are_bounded_before_the_upstream(mock_upstream, make_gate
     )
     assert assert_openai_error(status, data, (413,))["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as caught:
-        client(gw).files.create(file=("big.jsonl", b"x" * 5000), purpose="batch")
+        sdk_client(gw).files.create(file=("big.jsonl", b"x" * 5000), purpose="batch")
     assert caught.value.status_code == 413
     assert mock_upstream.mock.requests == []
 
@@ -274,7 +270,7 @@ def test_request_bodies_are_bounded_before_the_upstream(mock_upstream, make_gate
 
 def test_an_upload_is_streamed_with_its_length(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    created = client(gw).files.create(file=("a.jsonl", b'{"a": 1}\n' * 100), purpose="batch")
+    created = sdk_client(gw).files.create(file=("a.jsonl", b'{"a": 1}\n' * 100), purpose="batch")
     assert mock_upstream.mock.objects.contents[created.id] == b'{"a": 1}\n' * 100
     seen = mock_upstream.mock.requests[-1]["headers"]
     assert seen["Content-Type"].startswith("multipart/form-data; boundary=")
@@ -303,16 +299,16 @@ def test_upstream_bodies_and_events_are_bounded(mock_upstream, make_gateway):
 
 def test_passthrough_families_can_be_switched_off_per_route(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream, passthrough=["embeddings"])])
-    assert client(gw).embeddings.create(model="mock-1", input="hi").data
+    assert sdk_client(gw).embeddings.create(model="mock-1", input="hi").data
     with pytest.raises(openai.NotFoundError):
-        client(gw).files.list()
+        sdk_client(gw).files.list()
     none = make_gateway([openai_route(mock_upstream, passthrough=[])])
     with pytest.raises(openai.NotFoundError):
-        client(none).embeddings.create(model="mock-1", input="hi")
+        sdk_client(none).embeddings.create(model="mock-1", input="hi")
     assert [r["path"] for r in mock_upstream.mock.requests] == ["/v1/embeddings"]
     # chat is not a passthrough family: a route with passthrough off still serves it
     assert (
-        client(none)
+        sdk_client(none)
         .chat.completions.create(model="mock-1", messages=[{"role": "user", "content": "hi"}])
         .choices
     )
@@ -320,8 +316,8 @@ def test_passthrough_families_can_be_switched_off_per_route(mock_upstream, make_
 
 def test_an_unknown_passthrough_family_is_a_start_up_error(mock_upstream):
     routes = [openai_route(mock_upstream, passthrough=["files", "admin"])]
-    with pytest.raises(SettingsError, match="FIRSTTOKEN_ROUTES.*admin"):
-        GatewayThread(Settings(routes=orjson.dumps(routes).decode()), {})
+    with pytest.raises(SettingsError, match=r"FIRSTTOKEN_ROUTES.*admin"):
+        GatewayThread(Settings(routes=orjson.dumps(routes).decode()))
 
 
 def test_passthrough_is_counted_per_family_and_status_class(mock_upstream, make_gateway):

@@ -5,41 +5,20 @@ shows as degraded telemetry while requests keep flowing."""
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-import uuid
 
 import httpx
-import openai
-import pytest
 import redis
 
 from gateway.telemetry.aggregate import minute_of
 from gateway.telemetry.keys import KeySpace
-from tests.gateway.conftest import openai_route
-from tests.local_servers import PrivateRedis, free_port
 from tests.security.conftest import ADMIN_KEY, TENANT_A_KEY, TENANT_B_KEY, auth
-
-REDIS_URL = "redis://127.0.0.1:6379/13"
-
-
-@pytest.fixture
-def prefix():
-    try:
-        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-        client.ping()
-    except redis.exceptions.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    prefix = "ftsec-" + uuid.uuid4().hex[:12]
-    yield prefix
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
 
 
 def _chat(gw, key: str, n: int) -> None:
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
+    client = sdk_client(gw, key)
     for _ in range(n):
         reply = client.chat.completions.create(
             model="mock-1", messages=[{"role": "user", "content": "hi"}]
@@ -54,18 +33,18 @@ def _count(gw, key: str) -> int:
 
 
 def test_planted_wrong_types_cost_only_themselves(
-    prefix, mock_upstream, make_gateway, tenant_settings, caplog
+    key_prefix, redis_url, mock_upstream, make_gateway, tenant_settings, caplog
 ):
-    # `prefix` first: its clean-up then runs after the gateway's last flush at shutdown.
+    # `key_prefix` first: its clean-up then runs after the gateway's last flush at shutdown.
     gw = make_gateway(
         [openai_route(mock_upstream)],
-        redis_url=REDIS_URL,
-        metrics_key_prefix=prefix,
+        redis_url=redis_url,
+        metrics_key_prefix=key_prefix,
         policies="none",
         **tenant_settings,
     )
-    planted = redis.Redis.from_url(REDIS_URL)
-    keys = KeySpace(prefix)
+    planted = redis.Redis.from_url(redis_url)
+    keys = KeySpace(key_prefix)
     now = minute_of(time.time())
     poisoned = [keys.bucket("globex", "mock", m) for m in (now, now + 1)]
     for key in poisoned:  # this minute and the next, whichever the requests land in
@@ -83,7 +62,7 @@ def test_planted_wrong_types_cost_only_themselves(
     assert counts == [10] * 5
     assert _count(gw, TENANT_B_KEY) == 0  # its only bucket was the planted one
     assert all(planted.get(key) == b"planted" for key in poisoned)
-    named = [r.getMessage() for r in caplog.records if "ftsec-" in r.getMessage()]
+    named = [r.getMessage() for r in caplog.records if key_prefix in r.getMessage()]
     assert len(named) == 1 and (poisoned[0] in named[0] or poisoned[1] in named[0]), named
     admin = httpx.get(gw.url + "/v1/metrics/ttft?tenant=*", headers=auth(ADMIN_KEY), timeout=5)
     assert admin.status_code == 200
@@ -94,32 +73,29 @@ def test_planted_wrong_types_cost_only_themselves(
 
 
 def test_unreachable_redis_degrades_telemetry_while_requests_flow(
-    mock_upstream, make_gateway, tenant_settings
+    private_redis, mock_upstream, make_gateway, tenant_settings
 ):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    server = PrivateRedis(free_port())
-    server.start()
-    try:
-        gw = make_gateway(
-            [openai_route(mock_upstream)], redis_url=server.url, policies="none", **tenant_settings
-        )
-        _chat(gw, TENANT_A_KEY, 2)
-        assert gw.gateway.telemetry.health()["state"] == "ok"
-        server.kill()
-        _chat(gw, TENANT_A_KEY, 3)  # requests keep flowing
-        deadline = time.monotonic() + 5
-        while gw.gateway.telemetry.health()["state"] != "degraded":
-            assert time.monotonic() < deadline, gw.gateway.telemetry.health()
-            time.sleep(0.05)
-        ready = httpx.get(gw.url + "/readyz")  # what an operator sees: ready, telemetry degraded
-        assert ready.status_code == 200 and ready.json()["ready"] is True
-        assert ready.json()["telemetry"]["state"] == "degraded"
-        assert ready.json()["telemetry"]["store"] == "redis"
-        server.start()
-        deadline = time.monotonic() + 10
-        while gw.gateway.telemetry.health()["state"] != "ok":
-            assert time.monotonic() < deadline, gw.gateway.telemetry.health()
-            time.sleep(0.05)
-    finally:
-        server.kill()
+    private_redis.start()
+    gw = make_gateway(
+        [openai_route(mock_upstream)],
+        redis_url=private_redis.url,
+        policies="none",
+        **tenant_settings,
+    )
+    _chat(gw, TENANT_A_KEY, 2)
+    assert gw.gateway.telemetry.health()["state"] == "ok"
+    private_redis.kill()
+    _chat(gw, TENANT_A_KEY, 3)  # requests keep flowing
+    deadline = time.monotonic() + 5
+    while gw.gateway.telemetry.health()["state"] != "degraded":
+        assert time.monotonic() < deadline, gw.gateway.telemetry.health()
+        time.sleep(0.05)
+    ready = httpx.get(gw.url + "/readyz")  # what an operator sees: ready, telemetry degraded
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert ready.json()["telemetry"]["state"] == "degraded"
+    assert ready.json()["telemetry"]["store"] == "redis"
+    private_redis.start()
+    deadline = time.monotonic() + 10
+    while gw.gateway.telemetry.health()["state"] != "ok":
+        assert time.monotonic() < deadline, gw.gateway.telemetry.health()
+        time.sleep(0.05)

@@ -5,7 +5,6 @@ The OpenAI SDK is the client; ownership records live in process or in a real Red
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import httpx
 import openai
@@ -23,38 +22,22 @@ from gateway.ownership import (
     might_reference,
 )
 from gateway.passthrough_relay import created_ids
-from tests.gateway.conftest import openai_route
-from tests.local_servers import PrivateRedis, free_port
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def redis_up() -> bool:
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5).ping())
-    except redis.exceptions.RedisError:
-        return False
+from tests.support.clients import sdk_client
+from tests.support.gateway import openai_route
 
 
 @pytest.fixture(params=["memory", "redis"])
 def store_settings(request, tenant_settings):
-    """Tenant mode over the in-process store, or over Redis under a prefix of its own."""
+    """Tenant mode over the in-process store, or over Redis under a prefix of its own. Request
+    it before `make_gateway`, so that the prefix is cleaned after the gateways' last flush."""
     if request.param == "memory":
-        yield {**tenant_settings, "telemetry": True}
-        return
-    if not redis_up():
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    prefix = f"fttest-own-{uuid.uuid4().hex[:8]}"
-    yield {**tenant_settings, "redis_url": REDIS_URL, "metrics_key_prefix": prefix}
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
-
-
-def sdk(gw, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
+        return {**tenant_settings, "telemetry": True}
+    return {
+        **tenant_settings,
+        "redis_url": request.getfixturevalue("redis_url"),
+        "metrics_key_prefix": request.getfixturevalue("key_prefix"),
+    }
 
 
 def seen_with(mock_upstream, needle: str) -> list[str]:
@@ -67,14 +50,15 @@ def seen_with(mock_upstream, needle: str) -> list[str]:
     return out
 
 
-def test_files_belong_to_the_tenant_that_uploaded_them(mock_upstream, make_gateway, store_settings):
+def test_files_belong_to_the_tenant_that_uploaded_them(store_settings, mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
-    a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
+    a, b = sdk_client(gw, TENANT_A_KEY), sdk_client(gw, TENANT_B_KEY)
     fa = a.files.create(file=("a.jsonl", b'{"secret": "acme"}\n'), purpose="batch")
     fb = b.files.create(file=("b.jsonl", b'{"x": 1}\n'), purpose="batch")
     records = gw.gateway.objects.records
     if "redis_url" in store_settings:
-        assert redis.Redis.from_url(REDIS_URL).get(records.key("acme", fa.id)) == b"mock"
+        with redis.Redis.from_url(store_settings["redis_url"]) as client:
+            assert client.get(records.key("acme", fa.id)) == b"mock"
     else:
         assert isinstance(records, MemoryRecords)
     with pytest.raises(openai.NotFoundError):
@@ -100,10 +84,10 @@ def test_files_belong_to_the_tenant_that_uploaded_them(mock_upstream, make_gatew
 
 
 def test_batches_and_their_output_files_belong_to_their_tenant(
-    mock_upstream, make_gateway, store_settings
+    store_settings, mock_upstream, make_gateway
 ):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
-    a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
+    a, b = sdk_client(gw, TENANT_A_KEY), sdk_client(gw, TENANT_B_KEY)
     fa = a.files.create(file=("in.jsonl", b'{"custom_id": "1"}\n'), purpose="batch")
     with pytest.raises(openai.NotFoundError):
         b.batches.create(
@@ -125,9 +109,9 @@ def test_batches_and_their_output_files_belong_to_their_tenant(
     assert seen_with(mock_upstream, batch.id) == [f"GET /v1/batches/{batch.id}"]
 
 
-def test_stored_responses_belong_to_their_tenant(mock_upstream, make_gateway, store_settings):
+def test_stored_responses_belong_to_their_tenant(store_settings, mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
-    a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
+    a, b = sdk_client(gw, TENANT_A_KEY), sdk_client(gw, TENANT_B_KEY)
     ra = a.responses.create(model="mock-1", input="acme's secret plan")
     with a.responses.create(model="mock-1", input="streamed", stream=True) as events:
         kinds = [(e.type, getattr(getattr(e, "response", None), "id", None)) for e in events]
@@ -155,21 +139,18 @@ def test_stored_responses_belong_to_their_tenant(mock_upstream, make_gateway, st
 
 
 def test_an_unreachable_ownership_store_fails_object_requests_closed(
-    mock_upstream, make_gateway, tenant_settings
+    private_redis, mock_upstream, make_gateway, tenant_settings
 ):
-    private = PrivateRedis(free_port())
-    private.start()
-    try:
-        gw = make_gateway(
-            [openai_route(mock_upstream)],
-            **tenant_settings,
-            redis_url=private.url,
-            metrics_key_prefix="fttest-down",
-        )
-        a = sdk(gw, TENANT_A_KEY)
-        fa = a.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
-    finally:
-        private.kill()
+    private_redis.start()
+    gw = make_gateway(
+        [openai_route(mock_upstream)],
+        **tenant_settings,
+        redis_url=private_redis.url,
+        metrics_key_prefix="fttest-down",
+    )
+    a = sdk_client(gw, TENANT_A_KEY)
+    fa = a.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
+    private_redis.kill()
     before = len(mock_upstream.mock.requests)
     with pytest.raises(openai.APIStatusError) as caught:
         a.files.retrieve(fa.id)
@@ -183,7 +164,7 @@ def test_an_unreachable_ownership_store_fails_object_requests_closed(
 def test_open_mode_records_and_checks_nothing(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     assert not gw.gateway.objects.enabled
-    one, other = sdk(gw, "key-1"), sdk(gw, "key-2")
+    one, other = sdk_client(gw, "key-1"), sdk_client(gw, "key-2")
     created = one.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
     assert other.files.retrieve(created.id).id == created.id
 
@@ -191,11 +172,11 @@ def test_open_mode_records_and_checks_nothing(mock_upstream, make_gateway):
 def test_account_wide_writes_are_not_open_to_tenants(mock_upstream, make_gateway, tenant_settings):
     gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)
     with pytest.raises(openai.NotFoundError):
-        sdk(gw, TENANT_A_KEY).models.delete("ft:gpt-4o-mini:org:custom:abc")
+        sdk_client(gw, TENANT_A_KEY).models.delete("ft:gpt-4o-mini:org:custom:abc")
     assert mock_upstream.mock.requests == []
 
 
-# -- the ownership API itself (the chat hot path calls check_references) ---------------------
+# -- the ownership API itself (the chat path calls check_references) ---------------------
 
 
 def test_check_references_finds_ids_by_key_anywhere_in_the_body():
@@ -234,36 +215,36 @@ def test_might_reference_is_a_safe_prefilter():
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_check_references_is_per_tenant(backend):
+def test_check_references_is_per_tenant(backend, request):
+    if backend == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix")
+
     async def run() -> None:
         if backend == "memory":
             ownership = Ownership(MemoryRecords())
         else:
-            if not redis_up():
-                pytest.skip("no Redis at 127.0.0.1:6379")
             import redis.asyncio as aioredis
 
-            prefix = f"fttest-own-{uuid.uuid4().hex[:8]}"
-            client = aioredis.Redis.from_url(REDIS_URL)
+            client = aioredis.Redis.from_url(url)
             ownership = Ownership(RedisRecords(client, prefix))
         body = {
             "messages": [
                 {"role": "user", "content": [{"type": "file", "file": {"file_id": "file-a1"}}]}
             ]
         }
+        raw = orjson.dumps(body)
         try:
             with pytest.raises(GatewayError) as caught:
-                await ownership.check_references("acme", body)
+                await ownership.check_references("acme", raw, body)
             assert caught.value.status == 404
             await ownership.record("acme", "files", "mock", ["file-a1"])
-            await ownership.check_references("acme", body)
+            await ownership.check_references("acme", raw, body)
             with pytest.raises(GatewayError):
-                await ownership.check_references("globex", body)
+                await ownership.check_references("globex", raw, body)
         finally:
             if backend == "redis":
                 keys = [k async for k in client.scan_iter(f"{prefix}:*")]
                 assert keys and all(b"{t=acme}" in k for k in keys)
-                await client.delete(*keys)
                 await client.aclose()
 
     asyncio.run(run())
@@ -292,7 +273,7 @@ def test_no_content_type_trick_skips_the_reference_check(
     mock_upstream, make_gateway, tenant_settings
 ):
     gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)
-    ra = sdk(gw, TENANT_A_KEY).responses.create(model="mock-1", input="acme only")
+    ra = sdk_client(gw, TENANT_A_KEY).responses.create(model="mock-1", input="acme only")
     body = orjson.dumps({"model": "mock-1", "input": "x", "previous_response_id": ra.id})
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/jsonl"):
         resp = httpx.post(
@@ -322,7 +303,7 @@ def test_an_object_is_read_through_the_route_that_created_it(
             openai_route(other, name="second", models=["other-*"]),
         ]
         gw = make_gateway(routes, **tenant_settings)
-        a = sdk(gw, TENANT_A_KEY)
+        a = sdk_client(gw, TENANT_A_KEY)
         created = a.responses.create(model="other-1", input="hi")
         assert a.responses.retrieve(created.id).id == created.id
         assert [r["path"] for r in second.requests] == [
@@ -344,10 +325,10 @@ def test_streamed_creates_name_their_ids():
 
 
 def test_a_chat_file_part_must_name_the_tenants_own_file(
-    mock_upstream, make_gateway, store_settings
+    store_settings, mock_upstream, make_gateway
 ):
     gw = make_gateway([openai_route(mock_upstream)], **store_settings)
-    a, b = sdk(gw, TENANT_A_KEY), sdk(gw, TENANT_B_KEY)
+    a, b = sdk_client(gw, TENANT_A_KEY), sdk_client(gw, TENANT_B_KEY)
     fa = a.files.create(file=("a.pdf", b"%PDF-1.4 acme"), purpose="user_data")
 
     def ask(client: openai.OpenAI):

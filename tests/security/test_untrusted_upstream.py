@@ -37,6 +37,8 @@ from tests.security.hostile_upstream import (
     redirect_answer,
     sse_answer,
 )
+from tests.support.clients import sdk_client
+from tests.support.gateway import anthropic_route, openai_route
 
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "secret prompt"}]}
 STREAM = {**CHAT, "stream": True}
@@ -57,25 +59,7 @@ def witness():
 
 
 def openai_to(server: HostileServer, **extra) -> dict:
-    return {
-        "name": "hostile",
-        "models": ["gpt-*"],
-        "kind": "openai",
-        "base_url": server.base_url,
-        "api_key_env": "MOCK_KEY",
-        **extra,
-    }
-
-
-def anthropic_to(server: HostileServer, **extra) -> dict:
-    return {
-        "name": "claude",
-        "models": ["claude-*"],
-        "kind": "anthropic",
-        "base_url": server.base_url,
-        "api_key_env": "MOCK_KEY",
-        **extra,
-    }
+    return openai_route(server, name="hostile", models=["gpt-*"], **extra)
 
 
 def post(gw, body: dict, path: str = "/v1/chat/completions", timeout: float = 20) -> httpx.Response:
@@ -168,7 +152,7 @@ def test_redirect_is_an_upstream_error_and_the_prompt_stays_home(
 
 def test_redirect_on_anthropic_route_never_carries_the_key_away(hostile, witness, make_gateway):
     hostile.upstream.handler = redirect_answer(witness.origin + "/v1/messages", status=308)
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     for body in (CLAUDE, {**CLAUDE, "stream": True}):
         r = post(gw, body)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_308"
@@ -325,7 +309,7 @@ def test_malformed_anthropic_usage_is_ignored_field_by_field(hostile, make_gatew
             "usage": {"input_tokens": 4, "output_tokens": "abc", "cache_read_input_tokens": [1]},
         }
     )
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     r = post(gw, CLAUDE)
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens"] == 4 and r.json()["usage"]["completion_tokens"] == 0
@@ -361,7 +345,7 @@ def test_wrong_shape_200_is_a_retried_502_recorded_as_an_error(hostile, make_gat
 
 def test_html_200_on_anthropic_route_is_a_502(hostile, make_gateway):
     hostile.upstream.handler = json_answer(HTML, content_type="text/html")
-    gw = make_gateway([anthropic_to(hostile)], retry_attempts=1)
+    gw = make_gateway([anthropic_route(hostile)], retry_attempts=1)
     assert post(gw, CLAUDE).status_code == 502
     assert post(gw, {**CLAUDE, "stream": True}).status_code == 502
 
@@ -423,7 +407,7 @@ def test_malformed_event_becomes_error_then_done(hostile, make_gateway, bad):
     assert set(orjson.loads(payloads[-2])) == {"error"}
     assert wait_for(lambda: hostile.upstream.disconnects)
     # The OpenAI SDK sees the text, then an error it can catch: never a hang.
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=20)
+    client = sdk_client(gw)
     seen = ""
     with pytest.raises((openai.APIError, ValueError)):
         for part in client.chat.completions.create(**STREAM):
@@ -435,7 +419,7 @@ def test_anthropic_stream_closed_before_message_stop_ends_with_error_then_done(
     hostile, make_gateway
 ):
     hostile.upstream.handler = sse_answer(anthropic_stream("cut short", stop=False))
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     _r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert text_of(payloads) == "cut short"
     assert_clean_end(payloads, error=True)
@@ -449,7 +433,7 @@ def test_anthropic_events_after_message_stop_are_not_read(hostile, make_gateway)
         ),
     ]
     hostile.upstream.handler = sse_answer(events, then="hang")
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     _r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert text_of(payloads) == "done now"
     assert_clean_end(payloads, error=False)
@@ -468,7 +452,7 @@ def test_anthropic_events_after_message_stop_are_not_read(hostile, make_gateway)
 def test_malformed_anthropic_event_ends_with_error_then_done(hostile, make_gateway, bad):
     events = anthropic_stream("x y")
     hostile.upstream.handler = sse_answer([*events[:3], bad, *events[3:]])
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert r.status_code == 200
     assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
@@ -521,7 +505,7 @@ def test_rate_limit_headers_on_success(hostile, make_gateway):
 def test_anthropic_rate_limit_headers_on_success(hostile, make_gateway):
     rate = {"anthropic-ratelimit-requests-remaining": "41"}
     hostile.upstream.handler = sse_answer(anthropic_stream("hi"), headers=rate)
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     with httpx.stream(
         "POST", gw.url + "/v1/chat/completions", json={**CLAUDE, "stream": True}, timeout=20
     ) as r:
@@ -549,7 +533,7 @@ def test_first_token_deadline_past_keepalive_is_a_clean_504(hostile, make_gatewa
 
 
 def test_anthropic_tool_choice_of_wrong_shape_is_a_400_naming_the_param(hostile, make_gateway):
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     tools = [{"type": "function", "function": {"name": "f"}}]
     r = post(gw, {**CLAUDE, "tools": tools, "tool_choice": {"type": "function", "function": "f"}})
     assert r.status_code == 400
@@ -558,7 +542,7 @@ def test_anthropic_tool_choice_of_wrong_shape_is_a_400_naming_the_param(hostile,
 
 
 def test_completions_on_an_anthropic_route_is_a_400(hostile, make_gateway):
-    gw = make_gateway([anthropic_to(hostile)])
+    gw = make_gateway([anthropic_route(hostile)])
     r = post(gw, {"model": "claude-x", "prompt": "hi"}, "/v1/completions")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert hostile.upstream.posts() == []

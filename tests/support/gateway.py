@@ -4,19 +4,40 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from typing import Any
 
 import uvicorn
 
+from bench.harness import free_port
+from bench.mock_openai import ThreadedServer
 from gateway.app import create_app
 from gateway.server import server_config
 from gateway.settings import Settings
-from tests.local_servers import free_port
+
+UPSTREAM_KEY_ENV = "MOCK_KEY"
+"""The variable `openai_route` names for the upstream key; `make_gateway` sets it."""
+
+
+def openai_route(server: ThreadedServer, **extra: Any) -> dict:
+    """An OpenAI-kind route to a mock upstream for `mock-*` and `gpt-*`; `extra` overrides."""
+    return {
+        "name": "mock",
+        "models": ["mock-*", "gpt-*"],
+        "kind": "openai",
+        "base_url": server.base_url,
+        "api_key_env": UPSTREAM_KEY_ENV,
+        **extra,
+    }
+
+
+def anthropic_route(server: ThreadedServer, **extra: Any) -> dict:
+    """An Anthropic-kind route to a mock upstream for `claude-*`; `extra` overrides."""
+    return openai_route(server, name="claude", models=["claude-*"], kind="anthropic", **extra)
 
 
 class GatewayThread:
-    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
-        self.app = create_app(settings, environ or {})
+    def __init__(self, settings: Settings) -> None:
+        self.app = create_app(settings)
         self.port = free_port()
         config = server_config(
             self.app,
