@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Mapping
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.metrics_api import metrics_endpoints
+from gateway.models_api import models_endpoints
 from gateway.passthrough import passthrough
+from gateway.request_id import RequestIdMiddleware, next_request_id
 from gateway.service import Gateway
 from gateway.settings import Settings, load_settings
 
@@ -27,24 +29,16 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
-def create_app(
-    settings: Settings | None = None, environ: Mapping[str, str] | None = None
-) -> HotPath:
+def create_app(settings: Settings | None = None) -> HotPath:
+    """The app for `settings` (default: `load_settings()`, the process environment)."""
     settings = settings or load_settings()
-    gateway = Gateway(settings, environ)
+    gateway = Gateway(settings)
 
-    async def chat_completions(request: Request) -> Response:
+    async def chat_completions(request: Request) -> ASGIApp:
         return await gateway.handle(request, "chat")
 
-    async def completions(request: Request) -> Response:
+    async def completions(request: Request) -> ASGIApp:
         return await gateway.handle(request, "completions")
-
-    async def models(request: Request) -> Response:
-        try:
-            gateway.keys.tenant_for(request)
-        except GatewayError as exc:
-            return exc.to_response()
-        return json_response({"object": "list", "data": await list_models(gateway)})
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -61,7 +55,7 @@ def create_app(
             200 if ready else 503,
         )
 
-    async def other_v1(request: Request) -> Response:
+    async def other_v1(request: Request) -> ASGIApp:
         return await passthrough(request, gateway)  # auth, path checks and errors inside
 
     @contextlib.asynccontextmanager
@@ -75,7 +69,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),  # via HotPath
         Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
+        *models_endpoints(gateway),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *metrics_endpoints(gateway),
@@ -84,7 +78,9 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=[Middleware(RequestIdMiddleware)],
+        # Starlette types the handlers' exception parameter as plain Exception.
+        exception_handlers={HTTPException: http_error, Exception: internal_error},  # type: ignore[dict-item]
     )
     app.state.gateway = gateway
     return HotPath(app, gateway)
@@ -151,45 +147,22 @@ class HotPath:
         self.state = app.state
         self.gateway = gateway
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = HOT_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if endpoint is None:
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
             # GET /v1/chat/completions is OpenAI's stored-completions list: not served here.
-            await method_not_allowed(scope["method"], scope["path"], "POST")(scope, receive, send)
+            refused = method_not_allowed(scope["method"], scope["path"], "POST")
+            refused.headers["x-request-id"] = next_request_id()
+            await refused(scope, receive, send)
             return
+        response: ASGIApp
         try:
             response = await self.gateway.handle(Request(scope, receive), endpoint)
-        except Exception:
-            log.exception("unhandled error on %s", scope["path"])
-            response = GatewayError(500, "Internal gateway error.").to_response()
+        except Exception:  # a bug fails this request alone, with a clean 500
+            request_id = next_request_id()
+            log.exception("request %s: unhandled error on %s", request_id, scope["path"])
+            response = GatewayError(500, "Internal gateway error.").to_response(request_id)
         await response(scope, receive, send)
-
-
-async def list_models(gateway: Gateway) -> list[dict]:
-    """What the routes serve: exact names, the local engine's own cards, and for a route with
-    glob patterns the upstream's own list filtered by them (cached briefly; an upstream that
-    does not answer in time only leaves its models out)."""
-    seen: dict[str, dict] = {}
-    created = int(time.time())
-    for route in gateway.table.routes:
-        upstream = gateway.upstreams[route.name]
-        if route.kind == "local":
-            with contextlib.suppress(GatewayError):
-                await gateway.upstream_ready(route.name)
-            for card in upstream.model_cards():
-                seen.setdefault(card["id"], card)
-        patterns = [name for name in route.models if any(ch in name for ch in "*?[")]
-        for name in (*route.models, *route.model_map):
-            if name not in patterns:
-                seen.setdefault(
-                    name,
-                    {"id": name, "object": "model", "created": created, "owned_by": route.name},
-                )
-        if patterns and route.kind in ("openai", "anthropic"):
-            for card in await upstream.model_cards():
-                if route.matches(card["id"]):
-                    seen.setdefault(card["id"], card)
-    return list(seen.values())

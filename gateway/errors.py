@@ -45,9 +45,13 @@ class GatewayError(Exception):
     def to_dict(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def to_response(self) -> Response:
+    def to_response(self, request_id: str | None = None) -> Response:
+        headers = {"x-request-id": request_id} if request_id else None
         return Response(
-            orjson.dumps(self.to_dict()), status_code=self.status, media_type="application/json"
+            orjson.dumps(self.to_dict()),
+            status_code=self.status,
+            media_type="application/json",
+            headers=headers,
         )
 
 

@@ -26,12 +26,15 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.telemetry.keys import escape_name
 from gateway.upstream_paths import PassPath
+
+if TYPE_CHECKING:
+    from gateway.offload import HeavyWork
 
 log = logging.getLogger("firsttoken.ownership")
 
@@ -174,7 +177,7 @@ class MemoryRecords:
         self._bytes: dict[str, int] = {}
 
     async def get(self, tenant: str, ids: list[str]) -> list[str | None]:
-        records = self._tenants.get(tenant, {})
+        records: Mapping[str, tuple[str, float]] = self._tenants.get(tenant, {})
         now = time.time()
         out: list[str | None] = []
         for object_id in ids:
@@ -272,26 +275,35 @@ class Ownership:
 
     async def routes_of(self, tenant: str, ids: list[str]) -> list[str]:
         """The recorded route of each id, or a 404 naming the first id the tenant does not own."""
-        if not self.enabled or not ids:
+        records = self.records  # None exactly when not `enabled`
+        if records is None or not ids:
             return []
         for object_id in ids:
             if not object_id or len(object_id) > MAX_ID_CHARS:
                 raise not_found(object_id)
-        routes = await self._call(self.records.get(tenant, ids))
+        routes = await self._call(records.get(tenant, ids))
         for object_id, route in zip(ids, routes, strict=False):
             if route is None:
                 raise not_found(object_id)
         return routes
 
-    async def check_references(self, tenant: str, body: Any) -> None:
-        """Raise a 404 GatewayError if `body` references an object `tenant` does not own.
+    async def check_references(
+        self, tenant: str, raw: bytes, body: Any, heavy_work: HeavyWork | None = None
+    ) -> None:
+        """Raise a 404 GatewayError if `body` (parsed from `raw`) references an object `tenant`
+        does not own; a store that cannot be reached is a 503.
 
-        Contract for the chat hot path: call it only when `self.enabled` and
-        `might_reference(raw)` are both true (O(1) in open mode, one substring pass otherwise);
-        then it walks the parsed body (bounded) and makes one store round trip only when it
-        found ids. A store that cannot be reached is a 503."""
-        if self.enabled:
-            await self.routes_of(tenant, find_references(body))
+        Cheap on the chat hot path: nothing in open mode, one substring pass over `raw` when
+        no reference key occurs in it; else a bounded walk of the body (on `heavy_work`'s
+        pool when given, for a big body) and one store round trip when it found ids."""
+        if not self.enabled or not might_reference(raw):
+            return
+        ids = (
+            await heavy_work.run(tenant, find_references, body)
+            if heavy_work is not None
+            else find_references(body)
+        )
+        await self.routes_of(tenant, ids)
 
     async def check_request(
         self, tenant: str, path: PassPath, method: str, body: Any
@@ -318,15 +330,17 @@ class Ownership:
         """After a 2xx JSON answer: record what a create made, adopt the output files of owned
         objects, forget a deleted object, and filter a collection's list. Returns the payload
         the client gets."""
-        if not self.enabled or path.collection is None or not isinstance(payload, dict):
+        records = self.records  # None exactly when not `enabled`
+        if records is None or path.collection is None or not isinstance(payload, dict):
             return payload
-        if method == "DELETE" and path.is_object:
+        deleted_id = path.object_id if path.is_object else None  # set exactly when `is_object`
+        if method == "DELETE" and deleted_id is not None:
             if payload.get("deleted") is False:
                 return payload
-            await self._call(self.records.delete(tenant, path.object_id))
+            await self._call(records.delete(tenant, deleted_id))
             return payload
         if method == "GET" and path.is_collection and isinstance(payload.get("data"), list):
-            return await self._filter_list(tenant, payload, route)
+            return await self._filter_list(records, tenant, payload, route)
         ids = adoptable(payload)
         if method == "POST" and isinstance(payload.get("id"), str) and self._creates(path):
             ids.append(payload["id"])
@@ -335,7 +349,7 @@ class Ownership:
 
     async def record(self, tenant: str, family: str, route: str, ids: list[str]) -> None:
         ids = [i for i in ids if i and len(i) <= MAX_ID_CHARS]
-        if self.enabled and ids:
+        if self.records is not None and ids:
             await self._call(self.records.put(tenant, ids, route, TTL_S.get(family)))
 
     @staticmethod
@@ -350,13 +364,13 @@ class Ownership:
             )
         )
 
-    async def _filter_list(self, tenant: str, payload: dict, route: str) -> dict:
+    async def _filter_list(self, records: Records, tenant: str, payload: dict, route: str) -> dict:
         items = payload["data"]
         ids = [item.get("id") if isinstance(item, dict) else None for item in items]
         wanted = [i for i in ids if isinstance(i, str) and 0 < len(i) <= MAX_ID_CHARS]
         owned = set()
         if wanted:
-            routes = await self._call(self.records.get(tenant, wanted))
+            routes = await self._call(records.get(tenant, wanted))
             owned = {i for i, r in zip(wanted, routes, strict=False) if r is not None}
         kept = [item for item, i in zip(items, ids, strict=False) if i in owned]
         adopt = [i for item in kept for i in adoptable(item)]

@@ -23,7 +23,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -31,7 +30,8 @@ from gateway.errors import GatewayError
 from gateway.passthrough_relay import Relay
 from gateway.request_body import parse_json, read_body
 from gateway.routes import Route, RouteTable
-from gateway.upstream_paths import PassPath, parse_target, upstream_url
+from gateway.upstream_paths import PassPath, parse_target
+from gateway.upstreams import Upstream, UpstreamError
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
@@ -121,7 +121,7 @@ class Exchange:
             family = path.family
             status = await self._exchange(tenant, path, scope["method"], receive, send)
         except asyncio.CancelledError:
-            if not self.client_gone:
+            if not self.client_gone or self._task is None:
                 raise
             self._task.uncancel()
             status = 499
@@ -231,8 +231,7 @@ class Exchange:
         route = choose_route(self.gateway.table, path.family, model, owner_route)
         await self.gateway.upstream_ready(route.name)
         upstream = self.gateway.upstreams[route.name]
-        headers = {**forward_headers(self.request), **upstream.headers()}
-        headers.pop("content-type", None)
+        headers = forward_headers(self.request)
         if content_type is not None:
             headers["content-type"] = content_type
             declared = self.request.headers.get("content-length")
@@ -242,9 +241,7 @@ class Exchange:
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await self._forward(
-                    upstream, method, upstream_url(upstream.base_url, path), headers, data
-                )
+                return await self._forward(upstream, method, path, headers, data)
         except TimeoutError:
             if relay.streaming_events:  # an event stream ends with an error event
                 await relay.error_event("The upstream stream timed out.", "timeout_error")
@@ -258,21 +255,20 @@ class Exchange:
             ) from None
 
     async def _forward(
-        self, upstream: Any, method: str, url: Any, headers: dict[str, str], data: Any
+        self,
+        upstream: Upstream,
+        method: str,
+        path: PassPath,
+        headers: dict[str, str],
+        data: Any,
     ) -> int:
-        name = upstream.route.name
         try:
-            resp = await upstream.session.request(
-                method, url, data=data, headers=headers, allow_redirects=False
-            )
-        except (aiohttp.ClientError, OSError) as exc:
+            resp = await upstream.forward(method, path, headers, data)
+        except UpstreamError as exc:
             if self.upload_error is not None:
                 raise self.upload_error from None
-            raise GatewayError(
-                503,
-                f"Upstream {name!r} unreachable ({type(exc).__name__}).",
-                code="upstream_unreachable",
-            ) from None
+            raise GatewayError(exc.status, exc.message, code="upstream_unreachable") from None
+        assert self.relay is not None
         try:
             return await self.relay.answer(resp)
         finally:

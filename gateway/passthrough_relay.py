@@ -165,15 +165,14 @@ class Relay:
     async def events(self, resp: aiohttp.ClientResponse, headers: dict[str, str]) -> int:
         """An SSE stream, whole events as they complete (line ends normalised), each bounded.
         A create's first events are held until the ids they name are recorded as the tenant's."""
-        await self.start(
-            200, {**headers, **SSE_HEADERS, "content-type": "text/event-stream; charset=utf-8"}
-        )
+        await self.start(200, {**headers, **SSE_HEADERS})
         self.streaming_events = True
         limit = self.settings.max_event_bytes
         watch = self.objects.enabled and self.method == "POST" and self.path.collection is not None
         # Only whole events go out: a cut in the middle of one would leave the client a partial
         # event with our error event glued to it.
-        parser, held, scanned = SSEParser(limit), [], 0
+        parser, scanned = SSEParser(limit), 0
+        held: list[bytes] = []  # raw events kept back until a create's ids are recorded
         status = 200
         try:
             async for chunk in resp.content.iter_any():

@@ -11,42 +11,32 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError, sse_error_event
+from gateway.prepared import PreparedRequest
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import DONE, KEEPALIVE, SSE_HEADERS
+from gateway.sse import DONE, KEEPALIVE, SSE_RAW_HEADERS
 from gateway.timing import RequestTiming
-from gateway.upstreams import CallContext, OutEvent, Upstream, UpstreamError, UpstreamTimeout
-
-log = logging.getLogger("firsttoken.proxy")
-
-BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
-SSE_RAW_HEADERS = (
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    *((k.encode(), v.encode()) for k, v in SSE_HEADERS.items()),
+from gateway.upstreams.base import (
+    CallContext,
+    Completed,
+    OutEvent,
+    Upstream,
+    UpstreamBody,
+    UpstreamError,
+    UpstreamTimeout,
+    has_request_id,
 )
 
+log = logging.getLogger("firsttoken.proxy")
+T = TypeVar("T")
 
-@dataclass
-class Plan:
-    """Everything decided about a request before any upstream is called."""
-
-    endpoint: str
-    tenant: str
-    request_id: str
-    chain: list[Route]
-    bodies: Callable[[Route], dict]  # the upstream body for a route (policies applied)
-    client_wants_usage: bool
-    response_headers: dict[str, str] = field(default_factory=dict)
-    late_headers: Callable[[], Awaitable[dict[str, str]]] | None = None
-    forward_headers: dict[str, str] = field(default_factory=dict)
-    on_finish: Callable[[RequestTiming], None] | None = None
+BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
 
 
 class Proxy:
@@ -54,9 +44,14 @@ class Proxy:
         self.settings = settings
         self.upstreams = upstreams
 
-    def _context(self, plan: Plan, route: Route, body: dict) -> CallContext:
+    def _context(self, plan: PreparedRequest, body: UpstreamBody) -> CallContext:
         return CallContext(
-            plan.endpoint, plan.tenant, body.get("model", ""), plan.request_id, plan.forward_headers
+            plan.endpoint,
+            plan.tenant,
+            body.get("model", ""),
+            plan.request_id,
+            plan.forward_headers,
+            plan.model,
         )
 
     def first_token_timeout(self, route: Route) -> float | None:
@@ -67,23 +62,24 @@ class Proxy:
 
     async def attempt(
         self,
-        plan: Plan,
+        plan: PreparedRequest,
         timing: RequestTiming,
-        call: Callable[[Upstream, dict, CallContext, Route], Awaitable[Any]],
-    ) -> Any:
+        call: Callable[[Upstream, UpstreamBody, CallContext, Route], Awaitable[T]],
+    ) -> tuple[T, Route]:
         """Run `call` on the route chain: retry on retryable errors, then fall back, all before
-        the client has seen a byte. Honours Retry-After when it fits in the route's budget."""
+        the client has seen a byte. Honours Retry-After when it fits in the route's budget.
+        Returns what `call` returned and the route that answered."""
         last: UpstreamError | None = None
         for position, route in enumerate(plan.chain):
             upstream = self.upstreams[route.name]
-            body = plan.bodies(route)
-            ctx = self._context(plan, route, body)
+            body = plan.body_for(route)
+            ctx = self._context(plan, body)
             budget_end = time.perf_counter() + self.timeout(route)
             for attempt in range(self.settings.retry_attempts):
                 timing.route, timing.fallback = route.name, position > 0
                 timing.upstream_sent = time.perf_counter()
                 try:
-                    return await call(upstream, body, ctx, route)
+                    return await call(upstream, body, ctx, route), route
                 except UpstreamError as exc:
                     last = exc
                     if not exc.retryable:
@@ -97,23 +93,33 @@ class Proxy:
                         break
                     if time.perf_counter() + delay >= budget_end:
                         break
-                    log.info("retrying route %s after %s in %.2fs", route.name, exc.status, delay)
+                    log.info(
+                        "request %s: retrying route %s after %s in %.2fs",
+                        plan.request_id,
+                        route.name,
+                        exc.status,
+                        delay,
+                    )
                     await asyncio.sleep(delay)
         assert last is not None
         raise last
 
-    async def complete(self, plan: Plan, timing: RequestTiming, receive: Receive) -> Response:
+    async def complete(
+        self, plan: PreparedRequest, timing: RequestTiming, receive: Receive
+    ) -> Response:
         """A non-streaming request; if the client leaves first, the upstream request is closed
         at once instead of paying for an answer nobody will read."""
 
-        async def call(upstream: Upstream, body: dict, ctx: CallContext, route: Route):
+        async def call(
+            upstream: Upstream, body: UpstreamBody, ctx: CallContext, route: Route
+        ) -> Completed:
             try:
                 return await asyncio.wait_for(upstream.complete(body, ctx), self.timeout(route))
             except TimeoutError:
                 raise UpstreamTimeout(f"upstream {route.name!r} timed out") from None
             except UpstreamError:
                 raise
-            except Exception as exc:  # e.g. the body was cut short
+            except Exception as exc:  # noqa: BLE001  # e.g. a body cut short: retried like a 5xx
                 raise UpstreamError(
                     f"upstream {route.name!r} failed ({type(exc).__name__})"
                 ) from None
@@ -129,33 +135,31 @@ class Proxy:
         if work.cancelled() or not work.done():
             try:
                 await work
-            except BaseException:
+            except BaseException:  # noqa: BLE001  # cancelled for a client that left: no one reads it
                 pass
             timing.status = "client_gone"
-            _finish(plan, timing)
+            plan.finish(timing)
             return Response(status_code=499)  # nobody is there to read it
         try:
-            result = work.result()
+            result, _ = work.result()
         except UpstreamError as exc:
             timing.status = _status_kind(exc)
-            _finish(plan, timing)
-            return upstream_error_response(exc, plan.response_headers)
+            plan.finish(timing)
+            _log_failure(plan, exc)
+            return upstream_error_response(exc, plan)
         timing.usage = result.usage
-        headers = dict(plan.response_headers)
-        if plan.late_headers is not None:
-            headers.update(await plan.late_headers())
-        _finish(plan, timing)
+        headers = await plan.headers()
+        plan.finish(timing)
         response = Response(
             result.body,
             status_code=result.status,
             media_type=None,
             headers={"content-type": result.content_type, **headers},
         )
-        if result.headers:
-            response.raw_headers.extend(result.headers)
+        response.raw_headers.extend(upstream_headers(plan, result.headers))
         return response
 
-    def stream(self, plan: Plan, timing: RequestTiming) -> StreamRelay:
+    def stream(self, plan: PreparedRequest, timing: RequestTiming) -> StreamRelay:
         return StreamRelay(self, plan, timing)
 
 
@@ -165,7 +169,7 @@ class StreamRelay:
     Whatever the upstream does, the client's stream ends the same way: a finish or an error
     event, then `data: [DONE]`, and nothing after it."""
 
-    def __init__(self, proxy: Proxy, plan: Plan, timing: RequestTiming) -> None:
+    def __init__(self, proxy: Proxy, plan: PreparedRequest, timing: RequestTiming) -> None:
         self.proxy = proxy
         self.plan = plan
         self.timing = timing
@@ -191,13 +195,13 @@ class StreamRelay:
         try:
             await self._relay(send)
         except asyncio.CancelledError:
-            if not self.client_gone:
+            if not self.client_gone or relay_task is None:
                 raise
             relay_task.uncancel()
         finally:
             self.finished = True
             watcher.cancel()
-            _finish(self.plan, self.timing)
+            self.plan.finish(self.timing)
 
     def _on_disconnect(self, watcher: asyncio.Future, relay_task: asyncio.Task | None) -> None:
         if self.finished or watcher.cancelled() or watcher.exception() is not None:
@@ -213,15 +217,12 @@ class StreamRelay:
         async with self._start_lock:  # the keepalive task and the relay may both get here
             if self.started:
                 return
-            headers = {**self.plan.response_headers}
-            if self.plan.late_headers is not None:
-                headers.update(await self.plan.late_headers())
+            headers = await self.plan.headers()
             raw = [
                 *SSE_RAW_HEADERS,
                 *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+                *upstream_headers(self.plan, self._relayed),
             ]
-            if self._relayed:
-                raw.extend(self._relayed)
             await send({"type": "http.response.start", "status": 200, "headers": raw})
             self.started = True
 
@@ -300,24 +301,24 @@ class StreamRelay:
     async def _relay(self, send: Send) -> None:
         plan, timing = self.plan, self.timing
         try:
-            stream, iterator, first = await self.proxy.attempt(
+            (stream, iterator, first), route = await self.proxy.attempt(
                 plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
             )
         except UpstreamError as exc:
             timing.status = _status_kind(exc)
+            _log_failure(plan, exc)
             if not self.started:
-                response = upstream_error_response(exc, plan.response_headers)
+                response = upstream_error_response(exc, plan)
                 await response({"type": "http"}, _no_receive, send)
             else:
                 await self._end(send, sse_error_event(exc.message, _error_type(exc)) + DONE)
             return
 
-        route_timeout = self.proxy.timeout(self.proxy.upstreams[timing.route].route)
+        # The route's whole-request budget counts from when the answering attempt was sent.
+        deadline = (timing.upstream_sent or time.perf_counter()) + self.proxy.timeout(route)
         try:
             await self._start(send)
-            async with asyncio.timeout(
-                route_timeout - (time.perf_counter() - timing.upstream_sent)
-            ):
+            async with asyncio.timeout(deadline - time.perf_counter()):
                 if not await self._forward(send, first):
                     async for batch in iterator:
                         if await self._forward(send, batch):
@@ -328,8 +329,13 @@ class StreamRelay:
             tail = self._failed(sse_error_event("upstream timed out mid-stream", "timeout_error"))
         except (asyncio.CancelledError, GeneratorExit):
             raise
-        except Exception as exc:
-            log.warning("stream from route %s failed: %s", timing.route, type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001  # any break mid-stream ends it with an error event
+            log.warning(
+                "request %s: stream from route %s failed: %s",
+                plan.request_id,
+                timing.route,
+                type(exc).__name__,
+            )
             timing.status = "upstream_error"
             message = (
                 exc.message
@@ -427,18 +433,21 @@ async def _close_iterator(iterator: Any) -> None:
         await aclose()
 
 
-def _finish(plan: Plan, timing: RequestTiming) -> None:
-    """Record the request once. Telemetry never fails a request: whatever goes wrong in it is
-    logged (by type: the data came from an upstream), the response stands."""
-    on_finish = plan.on_finish
-    if on_finish is not None:
-        plan.on_finish = None
-        try:
-            on_finish(timing)
-        except Exception as exc:
-            log.warning(
-                "telemetry event of request %s lost: %s", plan.request_id, type(exc).__name__
-            )
+def upstream_headers(
+    plan: PreparedRequest, relayed: list[tuple[bytes, bytes]] | None
+) -> list[tuple[bytes, bytes]]:
+    """The upstream's relayed headers, plus the gateway's own `x-request-id` when the upstream
+    sent none: every answer names a request id the client can quote."""
+    if has_request_id(relayed):
+        return relayed  # type: ignore[return-value]  # has_request_id: not None
+    own = (b"x-request-id", plan.request_id.encode())
+    return [*relayed, own] if relayed else [own]
+
+
+def _log_failure(plan: PreparedRequest, exc: UpstreamError) -> None:
+    """One line per request that no route could serve, with the id its client was given."""
+    level = logging.INFO if _status_kind(exc) == "client_error" else logging.WARNING
+    log.log(level, "request %s (tenant %s) failed: %s", plan.request_id, plan.tenant, exc.message)
 
 
 def _status_kind(exc: UpstreamError) -> str:
@@ -451,8 +460,9 @@ def _error_type(exc: UpstreamError) -> str:
     return "timeout_error" if isinstance(exc, UpstreamTimeout) else "upstream_error"
 
 
-def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Response:
+def upstream_error_response(exc: UpstreamError, plan: PreparedRequest) -> Response:
     """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504."""
+    headers = plan.response_headers
     if 400 <= exc.status < 500 and exc.body is not None:
         response = Response(
             exc.body,
@@ -469,6 +479,6 @@ def upstream_error_response(exc: UpstreamError, headers: dict[str, str]) -> Resp
         response.headers.update(headers)
         if exc.retry_after is not None and status == 503 and not exc.headers:
             response.headers["retry-after"] = str(int(exc.retry_after))
-    if exc.headers:  # the upstream's Retry-After and rate-limit headers, as it sent them
-        response.raw_headers.extend(exc.headers)
+    # The upstream's Retry-After, rate-limit and request-id headers, as it sent them.
+    response.raw_headers.extend(upstream_headers(plan, exc.headers))
     return response

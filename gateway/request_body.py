@@ -1,8 +1,8 @@
 """Reading and checking the client's JSON body: size limit first, then just enough validation
 to route the request. Everything else in the body passes through untouched.
 
-Each input has a cheap cap (body bytes, JSON objects and depth, message count, model length), so a big or
-odd body is refused with a 4xx naming the limit before any policy or upstream work.
+Each input has a cheap cap (body bytes, JSON objects and depth, message count, model length),
+so a big or odd body is refused with a 4xx naming the limit before any policy or upstream work.
 """
 
 from __future__ import annotations

@@ -1,36 +1,37 @@
-"""The running gateway: routes, upstreams, keys, policies and telemetry, built once from settings."""
+"""The running gateway: routes, upstreams, keys, policies and telemetry, built once from
+settings."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import itertools
 import logging
-import os
 import time
-from collections.abc import Mapping
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import ASGIApp
 
-from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
-from gateway.big_bodies import PreEncoded, Prepared, Refused, dumps_settings, prepare, worker_init
+from gateway.auth import KeyRing
+from gateway.big_bodies import Prepared, Refused, dumps_settings, prepare, worker_init
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
-from gateway.ownership import Ownership, find_references, might_reference
+from gateway.ownership import Ownership
 from gateway.policy_runner import (
     POLICY_HEADER,
     PolicyRunner,
     prepared_report_headers,
     report_headers,
 )
-from gateway.proxy import Plan, Proxy
-from gateway.request_body import parse_request, read_body, upstream_body
-from gateway.routes import Route, RouteTable, load_routes
-from gateway.settings import ENV_PREFIX, Settings, SettingsError, policy_options
+from gateway.prepared import EncodedBodies, PolicyBodies, PreparedRequest
+from gateway.proxy import Proxy
+from gateway.request_body import parse_request, read_body
+from gateway.request_id import next_request_id
+from gateway.routes import Route, RouteTable
+from gateway.settings import Settings
 from gateway.timing import RequestTiming
 from gateway.upstreams import Upstream, build_upstream
-from policies import PolicyContext
+from gateway.upstreams.base import EncodedBody
+from policies.chain import PolicyResult
 from policies.tokens import warm_up as warm_up_tokens
 
 log = logging.getLogger("firsttoken")
@@ -62,25 +63,18 @@ def embedded_default_routes(settings: Settings) -> list[Route]:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
-        environ = os.environ if environ is None else environ
+    def __init__(self, settings: Settings) -> None:
+        """Everything comes from `settings` (see `load_settings`); nothing reads the environment."""
         self.settings = settings
-        try:
-            self.keys = KeyRing(
-                parse_tenant_keys(settings.tenant_keys), parse_admin_keys(settings.admin_keys)
-            )
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        table = load_routes(settings.routes, environ)
-        if not table.routes:
-            table = RouteTable(embedded_default_routes(settings))
+        self.keys = KeyRing(settings.tenant_keys, settings.admin_keys)
+        table = RouteTable(settings.routes or embedded_default_routes(settings))
         self.table = table
         self.upstreams: dict[str, Upstream] = {
-            r.name: build_upstream(r, settings, environ) for r in table.routes
+            r.name: build_upstream(r, settings) for r in table.routes
         }
         self.proxy = Proxy(settings, self.upstreams)
-        self.policies = PolicyRunner(settings, table.routes, environ)
-        self.telemetry = self._telemetry(settings, environ)
+        self.policies = PolicyRunner(settings, table.routes)
+        self.telemetry = self._telemetry(settings)
         self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
         self.offload = HeavyWork(
             settings.policy_thread_min_bytes,
@@ -88,11 +82,7 @@ class Gateway:
             process_workers=settings.big_body_workers if table.first_of_kind("openai") else 0,
             process_init=(
                 worker_init,
-                (
-                    dumps_settings(settings),
-                    [r.model_dump(mode="json") for r in table.routes],
-                    {ENV_PREFIX + k: v for k, v in policy_options(environ).items()},
-                ),
+                (dumps_settings(settings), [r.model_dump(mode="json") for r in table.routes]),
             ),
         )
         self._started: dict[str, asyncio.Task] = {}
@@ -100,31 +90,24 @@ class Gateway:
         self._processes_started: asyncio.Future | None = None
 
     @staticmethod
-    def _telemetry(settings: Settings, environ: Mapping[str, str]):
+    def _telemetry(settings: Settings):
         from gateway.telemetry import Telemetry
 
-        redis_url = settings.effective_redis_url(environ)
+        redis_url = settings.effective_redis_url()
         if redis_url and settings.telemetry:
             from gateway.telemetry.redis_check import check_redis_url
 
-            variable = "FIRSTTOKEN_REDIS_URL" if settings.redis_url else "REDIS_URL"
-            check_redis_url(redis_url, variable, cluster=settings.redis_cluster)
-        return Telemetry.create(
-            redis_url=redis_url,
-            key_prefix=settings.metrics_key_prefix,
-            retention_s=settings.metrics_retention,
-            buffer_max=settings.telemetry_buffer,
-            max_tenants=settings.metrics_max_tenants,
-            slo_default_ms=settings.ttft_slo_ms,
-            slo_tenants=settings.slo_targets(),
-            slo_objective=settings.ttft_slo_objective,
-            enabled=settings.telemetry,
-            redis_cluster=settings.redis_cluster,
-        )
+            check_redis_url(
+                redis_url, settings.redis_url_variable(), cluster=settings.redis_cluster
+            )
+        return Telemetry.from_settings(settings, redis_url)
 
     # lifecycle -----------------------------------------------------------------------------
 
+    started_at: float = 0.0  # Unix time of start(): the `created` of configured model names
+
     async def start(self) -> None:
+        self.started_at = time.time()
         await self.telemetry.start()
         self._warmups.append(asyncio.ensure_future(asyncio.to_thread(warm_up_tokens)))
         self._processes_started = asyncio.ensure_future(self._start_processes())
@@ -138,8 +121,18 @@ class Gateway:
         await self.offload.start_processes()
 
     async def _start_upstream(self, upstream: Upstream) -> None:
-        await upstream.start()
-        await upstream.warm_up()
+        """Start one route; a failure is logged here (for the operator) and kept on the task,
+        which `/readyz` reports and requests for the route answer with a 503."""
+        name = upstream.route.name
+        try:
+            await upstream.start()
+        except Exception as exc:
+            log.error("route %s failed to start: %s: %s", name, type(exc).__name__, exc)
+            raise
+        try:
+            await upstream.warm_up()
+        except Exception as exc:  # noqa: BLE001  # a cold route is slower, not down
+            log.warning("warm-up of route %s failed: %s", name, type(exc).__name__)
 
     async def upstream_ready(self, name: str) -> None:
         task = self._started.get(name)
@@ -149,8 +142,10 @@ class Gateway:
             await asyncio.shield(task)  # a client that leaves must not cancel the start-up
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            raise GatewayError(503, f"route {name!r} failed to start: {exc}") from None
+        except Exception as exc:  # noqa: BLE001  # whatever broke the start-up, the route is down
+            raise GatewayError(
+                503, f"route {name!r} failed to start ({type(exc).__name__})"
+            ) from None
 
     async def _usable(self, route: Route) -> bool:
         """A fallback that failed to start is skipped rather than failing the request."""
@@ -191,8 +186,11 @@ class Gateway:
 
     # requests ------------------------------------------------------------------------------
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, request: Request, endpoint: str) -> ASGIApp:
+        """The answer to one chat or completions request: a whole response, or a stream relay
+        that starts the upstream request when the server runs it."""
         arrival, wall_arrival = time.perf_counter(), time.time()
+        request_id = next_request_id()
         try:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
@@ -203,22 +201,11 @@ class Gateway:
                 else None
             )
             if big is not None:
-                model, body = big.model, None
+                model, body, stream = big.model, None, big.stream
             else:
                 body, model = parse_request(raw, endpoint, settings)
-            route = self.table.match(model)
-            if route is None:
-                if not self.table.routes:
-                    raise GatewayError(503, NO_ROUTE_HELP, code="no_route_configured")
-                raise GatewayError(
-                    404,
-                    f"The model '{model}' is not served by any route.",
-                    param="model",
-                    code="model_not_found",
-                )
-            await self.upstream_ready(route.name)
-            chain = [route, *[r for r in self.table.chain(route)[1:] if await self._usable(r)]]
-            stream = big.stream if big is not None else bool(body.get("stream"))
+                stream = bool(body.get("stream"))
+            chain = await self._chain_for(model)
             timing = RequestTiming(
                 tenant=tenant,
                 model=model,
@@ -229,24 +216,38 @@ class Gateway:
             if big is not None:
                 if self.objects.enabled:  # a `file` part names an upload
                     await self.objects.routes_of(tenant, big.references)
-                plan = self._plan_big(request, endpoint, tenant, big, chain, timing)
+                plan = self._prepare_encoded(
+                    request, request_id, endpoint, tenant, big, chain, timing
+                )
             else:
+                assert body is not None
                 heavy = self.offload.is_heavy(len(raw))
-                if self.objects.enabled and might_reference(raw):
-                    ids = (
-                        await self.offload.run(tenant, find_references, body)
-                        if heavy
-                        else find_references(body)
-                    )
-                    await self.objects.routes_of(tenant, ids)  # 404 unless all are the tenant's
-                plan = await self._plan(
-                    request, endpoint, tenant, body, model, chain, stream, timing, heavy
+                await self.objects.check_references(
+                    tenant, raw, body, self.offload if heavy else None
+                )
+                plan = await self._prepare(
+                    request, request_id, endpoint, tenant, body, model, chain, timing, heavy
                 )
         except GatewayError as exc:
-            return exc.to_response()
+            return exc.to_response(request_id)
         if stream:
             return self.proxy.stream(plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
+
+    async def _chain_for(self, model: str) -> list[Route]:
+        """The route serving `model` and its fallbacks that started; 404 when none serves it."""
+        route = self.table.match(model)
+        if route is None:
+            if not self.table.routes:
+                raise GatewayError(503, NO_ROUTE_HELP, code="no_route_configured")
+            raise GatewayError(
+                404,
+                f"The model '{model}' is not served by any route.",
+                param="model",
+                code="model_not_found",
+            )
+        await self.upstream_ready(route.name)
+        return [route, *[r for r in self.table.chain(route)[1:] if await self._usable(r)]]
 
     async def _prepare_big(
         self, request: Request, endpoint: str, tenant: str, raw: bytes
@@ -267,21 +268,22 @@ class Gateway:
             raise outcome.error()
         return outcome if isinstance(outcome, Prepared) else None
 
-    def _plan_big(
+    def _prepare_encoded(
         self,
         request: Request,
+        request_id: str,
         endpoint: str,
         tenant: str,
         big: Prepared,
         chain: list[Route],
         timing: RequestTiming,
-    ) -> Plan:
+    ) -> PreparedRequest:
+        """The request for a big body that a worker process parsed, checked and encoded."""
         bodies = {
-            name: PreEncoded(b.encoded, b.upstream_model, big.stream)
+            name: EncodedBody(b.encoded, b.upstream_model, big.stream)
             for name, b in big.bodies.items()
         }
-        applied = ",".join(big.applied) if big.applied is not None else "none"
-        late = None
+        report = None
         if big.applied is not None:
             timing.prompt_tokens_saved = big.tokens_saved or 0
             report = asyncio.ensure_future(
@@ -294,99 +296,78 @@ class Gateway:
                     self.offload,
                 )
             )
-
-            def late():
-                return report
-
-        telemetry = self.telemetry
-        return Plan(
+        applied = ",".join(big.applied) if big.applied is not None else "none"
+        return PreparedRequest(
             endpoint=endpoint,
             tenant=tenant,
-            request_id=next_request_id(),
+            request_id=request_id,
+            model=big.model,
             chain=chain,
-            bodies=lambda route: bodies[route.name],
+            bodies=EncodedBodies(bodies),
             client_wants_usage=big.client_wants_usage,
+            telemetry=self.telemetry,
             response_headers={"x-firsttoken-policies": applied},
-            late_headers=late,
             forward_headers=_forwardable(request),
-            on_finish=lambda t: telemetry.record(t.to_event()),
+            report=report,
         )
 
-    async def _plan(
+    async def _prepare(
         self,
         request: Request,
+        request_id: str,
         endpoint: str,
         tenant: str,
         body: dict,
         model: str,
         chain: list[Route],
-        stream: bool,
         timing: RequestTiming,
         heavy: bool,
-    ) -> Plan:
+    ) -> PreparedRequest:
+        """The request with the first route's policies applied (on the heavy-work pool for a
+        big body, so that its policy work does not hold the loop from other tenants)."""
         names = self.policies.names_for(chain[0], request.headers.get(POLICY_HEADER))
-        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        bodies: dict[str, dict] = {}
-        results = {}
-
-        def body_for(route: Route) -> dict:
-            cached = bodies.get(route.name)
-            if cached is not None:
-                return cached
-            upstream_model = route.upstream_model(model)
-            ctx = PolicyContext(
-                endpoint=endpoint, route_kind=route.kind, model=upstream_model, tenant=tenant
-            )
-            result = self.policies.apply(names, body, ctx)
-            results[route.name] = result
-            out = upstream_body(result.body if result is not None else body, upstream_model, stream)
-            bodies[route.name] = out
-            return out
-
-        if heavy:  # a big body: its policy work must not hold the loop from other tenants
-            await self.offload.run(tenant, body_for, chain[0])
+        bodies = PolicyBodies(
+            self.policies,
+            names,
+            body,
+            endpoint=endpoint,
+            tenant=tenant,
+            model=model,
+            stream=timing.stream,
+        )
+        if heavy:
+            await self.offload.run(tenant, bodies.for_route, chain[0])
         else:
-            body_for(chain[0])
-        primary = results[chain[0].name]
-        headers = {"x-firsttoken-policies": ",".join(primary.applied) if primary else "none"}
-        late = None
+            bodies.for_route(chain[0])
+        primary = bodies.results[chain[0].name]
+        report = None
         if primary is not None:
             # Token counts and prefix diagnostics run while the upstream request is in flight.
             report = asyncio.ensure_future(
                 report_headers(self.telemetry, tenant, primary, self.offload if heavy else None)
             )
             report.add_done_callback(lambda _: _note_saved(timing, primary))
-
-            def late():
-                return report
-
-        telemetry = self.telemetry
-        return Plan(
+        options = body.get("stream_options")
+        return PreparedRequest(
             endpoint=endpoint,
             tenant=tenant,
-            request_id=next_request_id(),
+            request_id=request_id,
+            model=model,
             chain=chain,
-            bodies=body_for,
-            client_wants_usage=client_wants_usage,
-            response_headers=headers,
-            late_headers=late,
+            bodies=bodies,
+            client_wants_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+            telemetry=self.telemetry,
+            response_headers={
+                "x-firsttoken-policies": ",".join(primary.applied) if primary else "none"
+            },
             forward_headers=_forwardable(request),
-            on_finish=lambda t: telemetry.record(t.to_event()),
+            report=report,
         )
 
 
-def _note_saved(timing: RequestTiming, result) -> None:
+def _note_saved(timing: RequestTiming, result: PolicyResult) -> None:
     if result.measured:
         timing.prompt_tokens_saved = max(0, result.prompt_tokens_saved)
-
-
-_REQUEST_IDS = itertools.count()
-_PROCESS_TAG = os.urandom(4).hex()
-
-
-def next_request_id() -> str:
-    """Unique per process and cheap (no syscall per request, unlike uuid4)."""
-    return f"{_PROCESS_TAG}{next(_REQUEST_IDS):x}"
 
 
 FORWARDED_HEADERS = frozenset({"openai-beta", "anthropic-beta"})

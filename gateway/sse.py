@@ -18,11 +18,14 @@ DONE = b"data: [DONE]\n\n"
 DONE_DATA = b"[DONE]"
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 
+# What every event stream the gateway answers with carries: no caching, no proxy buffering.
 SSE_HEADERS = {
+    "content-type": "text/event-stream; charset=utf-8",
     "cache-control": "no-cache, no-transform",
     "x-accel-buffering": "no",
     "connection": "keep-alive",
 }
+SSE_RAW_HEADERS = tuple((k.encode(), v.encode()) for k, v in SSE_HEADERS.items())
 
 
 @dataclass(slots=True)
@@ -117,7 +120,8 @@ class SSEParser:
         return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def flush(self) -> list[SSEEvent]:
-        """The unterminated tail at end of stream, if any (some servers omit the last blank line)."""
+        """The unterminated tail at end of stream, if any (some servers omit the last blank
+        line)."""
         tail = b"".join(self._parts)
         self._parts = []
         self._size = 0

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
 
 import aiohttp
 import orjson
 
 from gateway.errors import sse_error_event
+from gateway.routes import Route
 from gateway.sse import (
     DEFAULT_MAX_EVENT_BYTES,
     DONE,
@@ -21,6 +24,7 @@ from gateway.sse import (
     SSEParser,
     encode_data,
 )
+from gateway.upstream_paths import PassPath
 from gateway.upstreams.anthropic_format import (
     AnthropicStreamError,
     AnthropicStreamTranslator,
@@ -32,44 +36,49 @@ from gateway.upstreams.anthropic_format import (
 from gateway.upstreams.base import (
     CallContext,
     Completed,
+    ModelCard,
     OutEvent,
     UpstreamError,
     chunk_has_content,
     client_error,
     encode_body,
+    no_forward,
     relayed_headers,
 )
-from gateway.upstreams.openai import OpenAIUpstream, json_object_body
+from gateway.upstreams.http import RemoteUpstream, json_object_body
 
 log = logging.getLogger("firsttoken.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-class AnthropicUpstream(OpenAIUpstream):
-    """Reuses the pooled session and error handling of the OpenAI kind; differs in headers and shape."""
+class AnthropicUpstream(RemoteUpstream):
+    """OpenAI-format requests to the Messages API, and its answers back in OpenAI's shape."""
 
-    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {
-            "content-type": "application/json",
-            "anthropic-version": ANTHROPIC_VERSION,
-            **self.route.headers,
-        }
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        if extra:
-            headers.update({k: v for k, v in extra.items() if k.startswith("anthropic-")})
-        return headers
+    def __init__(self, route: Route, *, api_key: str | None, **options: Any) -> None:
+        """`options`: those of `RemoteUpstream` (pool size, timeouts, byte limits)."""
+        auth = {"anthropic-version": ANTHROPIC_VERSION}
+        if api_key:
+            auth["x-api-key"] = api_key
+        super().__init__(route, auth, **options)
 
-    def card(self, item: dict) -> dict:
-        """Anthropic's model object ({id, display_name, created_at, type}) as an OpenAI card."""
-        return {
-            "id": item["id"],
-            "object": "model",
-            "created": 0,
-            "owned_by": "anthropic",
-            "display_name": item.get("display_name"),
-        }
+    async def model_cards(self) -> list[ModelCard]:
+        """Anthropic's model list (`id`, `display_name`, `created_at`) as OpenAI cards."""
+        return [
+            {
+                "id": item["id"],
+                "object": "model",
+                "created": _epoch(item.get("created_at")),
+                "owned_by": "anthropic",
+                "display_name": item.get("display_name"),
+            }
+            for item in await self.http.model_list()
+        ]
+
+    async def forward(
+        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+    ) -> aiohttp.ClientResponse:
+        raise no_forward(self.route)
 
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
         """The Messages body, or a 400 naming the field that cannot be translated: a client's
@@ -95,8 +104,9 @@ class AnthropicUpstream(OpenAIUpstream):
 
     async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
         payload = self._translate(body, ctx)
+        extra = {k: v for k, v in ctx.forward_headers.items() if k.startswith("anthropic-")}
         try:
-            return await self._post("/messages", payload, ctx)
+            return await self.http.post("/messages", payload, extra)
         except UpstreamError as exc:
             if exc.body is not None:
                 exc.body = orjson.dumps(error_to_openai(exc.status, exc.body))
@@ -105,9 +115,9 @@ class AnthropicUpstream(OpenAIUpstream):
 
     async def open_stream(self, body: dict, ctx: CallContext) -> AnthropicEventStream:
         resp = await self._post_translated({**body, "stream": True}, ctx)
-        self._expect(resp, stream=True)
+        self.http.expect(resp, stream=True)
         translator = AnthropicStreamTranslator(
-            ctx.upstream_model,
+            ctx.client_model or ctx.upstream_model,
             include_usage=True,
             created=int(time.time()),
             request_id=f"chatcmpl-{ctx.request_id}",
@@ -116,10 +126,10 @@ class AnthropicUpstream(OpenAIUpstream):
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
         resp = await self._post_translated({**body, "stream": False}, ctx)
-        self._expect(resp, stream=False)
-        parsed = json_object_body(await self.read_body(resp), self.route.name)
+        self.http.expect(resp, stream=False)
+        parsed = json_object_body(await self.http.read_body(resp), self.route.name)
         try:
-            out = to_openai_response(parsed, ctx.upstream_model)
+            out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model)
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UpstreamError(
                 "upstream sent a malformed Anthropic response", status=502, retryable=False
@@ -206,7 +216,11 @@ class AnthropicEventStream:
             for c in chunks:
                 usage = c.get("usage")
                 choices = c.get("choices")
-                finish = bool(choices) and choices[0]["finish_reason"] is not None
+                finish = (
+                    isinstance(choices, list)
+                    and bool(choices)
+                    and (choices[0]["finish_reason"] is not None)
+                )
                 out.append(
                     OutEvent(
                         encode_data(c),
@@ -227,3 +241,14 @@ class AnthropicEventStream:
     async def aclose(self) -> None:
         if not self._resp.closed:
             self._resp.close()
+
+
+def _epoch(created_at: object) -> int:
+    """Anthropic's RFC 3339 `created_at` as the Unix seconds of OpenAI's `created` (0 when
+    absent or unreadable)."""
+    if not isinstance(created_at, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0

@@ -355,6 +355,7 @@ def _translate_tools(tools: Any) -> list[dict]:
 
 
 def _translate_tool_choice(choice: Any, parallel_tool_calls: Any) -> dict | None:
+    translated: dict[str, Any] | None
     if choice is None:
         translated = None
     elif choice == "auto":

@@ -148,7 +148,6 @@ class AnthropicStreamTranslator:
         self.created = int(time.time()) if created is None else created
         self.id = request_id
         self.usage: dict | None = None
-        self.saw_content = False
         self._anthropic_usage: dict = {}
         self._tool_index_by_block: dict[int, int] = {}
 
@@ -195,11 +194,11 @@ class AnthropicStreamTranslator:
                 "type": "function",
                 "function": {"name": block.get("name"), "arguments": arguments},
             }
-            return [self._content_chunk({"tool_calls": [call]})]
+            return [self._chunk({"tool_calls": [call]})]
         if kind == "text" and block.get("text"):
-            return [self._content_chunk({"content": block["text"]})]
+            return [self._chunk({"content": block["text"]})]
         if kind == "thinking" and block.get("thinking"):
-            return [self._content_chunk({"reasoning_content": block["thinking"]})]
+            return [self._chunk({"reasoning_content": block["thinking"]})]
         return []
 
     def _on_block_delta(self, data: dict) -> list[dict]:
@@ -207,17 +206,17 @@ class AnthropicStreamTranslator:
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
-            return [self._content_chunk({"content": text})] if text else []
+            return [self._chunk({"content": text})] if text else []
         if kind == "input_json_delta":
             fragment = delta.get("partial_json")
             tool_index = self._tool_index_by_block.get(data.get("index", 0))
             if not fragment or tool_index is None:
                 return []
             call = {"index": tool_index, "function": {"arguments": fragment}}
-            return [self._content_chunk({"tool_calls": [call]})]
+            return [self._chunk({"tool_calls": [call]})]
         if kind == "thinking_delta":
             thinking = delta.get("thinking")
-            return [self._content_chunk({"reasoning_content": thinking})] if thinking else []
+            return [self._chunk({"reasoning_content": thinking})] if thinking else []
         return []  # signature_delta, citations_delta: nothing OpenAI clients can use
 
     def _on_message_delta(self, data: dict) -> list[dict]:
@@ -233,10 +232,6 @@ class AnthropicStreamTranslator:
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 self._anthropic_usage[name] = value
         self.usage = openai_usage(self._anthropic_usage)
-
-    def _content_chunk(self, delta: dict) -> dict:
-        self.saw_content = True
-        return self._chunk(delta)
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
         chunk = self._chunk_head()

@@ -7,13 +7,21 @@ re-parses what an upstream already understood.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from gateway.errors import error_body
+from gateway.request_id import REQUEST_ID_HEADER
 from gateway.routes import Route
+from gateway.sse import DONE_DATA
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from gateway.upstream_paths import PassPath
 
 
 @dataclass(slots=True)
@@ -56,7 +64,7 @@ class OutEvent:
         data = self.data
         if data is None:
             return self
-        if data == b"[DONE]":
+        if data == DONE_DATA:
             self.done = True
             return self
         try:
@@ -85,6 +93,7 @@ class CallContext:
     upstream_model: str
     request_id: str
     forward_headers: dict[str, str] = field(default_factory=dict)
+    client_model: str = ""  # the name the client asked for, which answers carry
 
 
 @dataclass(slots=True)
@@ -123,26 +132,34 @@ class UpstreamError(Exception):
 def client_error(message: str, param: str | None = None) -> UpstreamError:
     """A request this upstream kind cannot take: a 400 with an OpenAI body, never retried (the
     same body would fail the same way on every route)."""
-    body = orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": param,
-                "code": None,
-            }
-        }
-    )
+    body = orjson.dumps(error_body(message, "invalid_request_error", param))
     return UpstreamError(
         message, status=400, retryable=False, body=body, content_type="application/json"
     )
 
 
-def encode_body(body: dict) -> bytes:
+class EncodedBody(dict):
+    """An upstream body already encoded (by a big-body worker process): as a dict it carries
+    only `model` and `stream`, for the proxy; `encode_body` sends `encoded` as it is."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, encoded: bytes, model: str, stream: bool) -> None:
+        super().__init__(model=model, stream=stream)
+        self.encoded = encoded
+
+
+# The body an upstream gets: OpenAI-format JSON, policies applied, `model` the upstream's name.
+UpstreamBody = dict[str, Any]
+# One entry of `GET /v1/models`: OpenAI's card shape (`id`, `object`, `created`, `owned_by`).
+ModelCard = dict[str, Any]
+
+
+def encode_body(body: UpstreamBody) -> bytes:
     """The upstream request's bytes; a body orjson cannot write (nesting past its limit, an
     integer past 64 bits) is the client's error, not the upstream's."""
-    if type(body) is not dict:  # a big body, encoded by a worker process (PreEncoded)
-        return body.encoded  # type: ignore[attr-defined]
+    if isinstance(body, EncodedBody):
+        return body.encoded
     try:
         return orjson.dumps(body)
     except orjson.JSONEncodeError as exc:
@@ -167,12 +184,40 @@ class EventStream(Protocol):
 
 
 class Upstream(Protocol):
+    """The one contract between the gateway and an upstream kind (`openai`, `anthropic`,
+    `local`). The proxy, the app and passthrough use nothing else of an upstream."""
+
     route: Route
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Acquire what requests need (a connection pool, a loaded model)."""
+
+    async def warm_up(self) -> None:
+        """Optional work that makes the first request faster; a failure here is logged only."""
+
     async def aclose(self) -> None: ...
-    async def open_stream(self, body: dict, ctx: CallContext) -> EventStream: ...
-    async def complete(self, body: dict, ctx: CallContext) -> Completed: ...
+
+    async def model_cards(self) -> list[ModelCard]:
+        """The models the upstream itself lists (may be cached, may be empty)."""
+
+    async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream: ...
+
+    async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed: ...
+
+    async def forward(
+        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+    ) -> aiohttp.ClientResponse:
+        """A raw passthrough request (`/v1/files`, `/v1/embeddings`, ...) to the route's
+        origin with its credentials; kinds that forward nothing raise `no_forward`."""
+
+
+def no_forward(route: Route) -> UpstreamError:
+    """What `forward` raises on a kind that has no raw HTTP API behind it."""
+    return UpstreamError(
+        f"route {route.name!r} ({route.kind}) forwards no other /v1 paths",
+        status=404,
+        retryable=False,
+    )
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -184,33 +229,48 @@ def retry_after_seconds(value: str | None) -> float | None:
         return None
 
 
-# Response headers relayed to the client: what it needs to pace itself against the provider.
+# Response headers relayed to the client: what it needs to pace itself against the provider,
+# and the provider's id of the request (what its support asks for). Anthropic's `request-id`
+# reaches the client as `x-request-id`, the name the OpenAI SDK reads.
 RELAYED_PREFIXES = (b"x-ratelimit-", b"anthropic-ratelimit-")
+RELAYED_NAMES = {
+    b"x-request-id": b"x-request-id",
+    b"request-id": b"x-request-id",
+    b"openai-processing-ms": b"openai-processing-ms",
+}
 RETRY_HEADERS = frozenset({b"retry-after", b"retry-after-ms"})
 MAX_RELAYED_HEADERS = 32
-_RELAYED_FIRST = frozenset(b"xXaA")  # first bytes of RELAYED_PREFIXES, either case
-_RETRY_FIRST = frozenset(b"xXaArR")
+_RELAYED_FIRST = frozenset(b"xXaAoOrR")  # first bytes of the names above, either case
 
 
 def relayed_headers(
     raw_headers: tuple[tuple[bytes, bytes], ...], retry: bool = False
 ) -> list[tuple[bytes, bytes]] | None:
-    """The upstream's rate-limit headers (and, for an error, its Retry-After), lower-cased, at
-    most MAX_RELAYED_HEADERS of them; None when there are none. Runs once per response, before
-    the first event, so a header's first byte is checked before anything is lower-cased."""
-    first = _RETRY_FIRST if retry else _RELAYED_FIRST
+    """The upstream's rate-limit and request-id headers (and, for an error, its Retry-After),
+    lower-cased, at most MAX_RELAYED_HEADERS of them; None when there are none. Runs once per
+    response, before the first event, so a header's first byte is checked before anything is
+    lower-cased."""
     out = None
     for name, value in raw_headers:
-        if not name or name[0] not in first:
+        if not name or name[0] not in _RELAYED_FIRST:
             continue
         lower = name.lower()
         if lower.startswith(RELAYED_PREFIXES) or (retry and lower in RETRY_HEADERS):
-            if out is None:
-                out = []
-            out.append((lower, value))
-            if len(out) >= MAX_RELAYED_HEADERS:
-                break
+            relayed = lower
+        else:
+            relayed = RELAYED_NAMES.get(lower)  # type: ignore[assignment]  # None: not relayed
+            if relayed is None:
+                continue
+        if out is None:
+            out = []
+        out.append((relayed, value))
+        if len(out) >= MAX_RELAYED_HEADERS:
+            break
     return out
+
+
+def has_request_id(headers: list[tuple[bytes, bytes]] | None) -> bool:
+    return headers is not None and any(name == REQUEST_ID_HEADER for name, _ in headers)
 
 
 def usage_from_chunk(chunk: dict) -> dict | None:

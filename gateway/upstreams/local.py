@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -19,15 +19,28 @@ from gateway.sse import DONE, encode_data
 from gateway.upstreams.base import (
     CallContext,
     Completed,
+    ModelCard,
     OutEvent,
+    UpstreamBody,
     UpstreamError,
     chunk_has_content,
+    client_error,
+    no_forward,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from engine_backend import LocalEngine
+    from gateway.upstream_paths import PassPath
 
 log = logging.getLogger(__name__)
 
 
 class LocalUpstream:
+    """A route served by the bundled engine, loaded on `start()` (in a worker thread: loading
+    weights takes seconds and must not stall the event loop)."""
+
     def __init__(
         self,
         route: Route,
@@ -38,34 +51,50 @@ class LocalUpstream:
         max_num_batched_tokens: int | None = None,
     ) -> None:
         self.route = route
-        self._options = {"device": device, "dtype": dtype, "isolate_tenants": isolate_tenants}
-        if max_num_batched_tokens:
-            self._options["max_num_batched_tokens"] = max_num_batched_tokens
-        self.engine: Any = None
-        self.warm = False
+        self.device = device
+        self.dtype = dtype
+        self.isolate_tenants = isolate_tenants
+        self.max_num_batched_tokens = max_num_batched_tokens  # None: the engine's own default
+        self.local_engine: LocalEngine | None = None
 
     async def start(self) -> None:
-        if self.engine is not None:
+        if self.local_engine is not None:
             return
         from engine_backend import LocalEngine  # heavy: torch
 
-        path, demo = self.route.model_path, self.route.demo or not self.route.model_path
-        self.engine = await asyncio.to_thread(
-            LocalEngine.from_model, path, demo=demo, **self._options
+        path = self.route.model_path
+        local_engine = await asyncio.to_thread(
+            LocalEngine.from_model,
+            path,
+            demo=self.route.demo or not path,
+            isolate_tenants=self.isolate_tenants,
+            device=self.device,
+            dtype=self.dtype,
+            max_num_batched_tokens=self.max_num_batched_tokens,
         )
-        await self.engine.start()
-        self.warm = True
+        await local_engine.start()
+        self.local_engine = local_engine
 
     async def warm_up(self) -> None:
-        self.warm = self.engine is not None
+        """Nothing beyond `start()`: the model is loaded and its thread runs by then."""
 
     async def aclose(self) -> None:
-        if self.engine is not None:
-            await self.engine.aclose()
-            self.engine = None
+        if self.local_engine is not None:
+            await self.local_engine.aclose()
+            self.local_engine = None
 
-    def model_cards(self) -> list[dict]:
-        return self.engine.model_cards() if self.engine is not None else []
+    async def model_cards(self) -> list[ModelCard]:
+        return self.local_engine.model_cards() if self.local_engine is not None else []
+
+    async def forward(
+        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+    ) -> aiohttp.ClientResponse:
+        raise no_forward(self.route)
+
+    def _running(self) -> LocalEngine:
+        if self.local_engine is None:
+            raise UpstreamError(f"local engine {self.route.name!r} is not started", status=503)
+        return self.local_engine
 
     def _engine_error(self, exc: Exception) -> UpstreamError:
         """A bad request is the client's 400; an engine that stopped is a 503 (retryable, so a
@@ -76,21 +105,9 @@ class LocalUpstream:
         from engine_backend import EngineClosedError, EngineRequestError
 
         if isinstance(exc, EngineRequestError):
-            body = orjson.dumps(
-                {
-                    "error": {
-                        "message": exc.message,
-                        "type": "invalid_request_error",
-                        "param": exc.param,
-                        "code": None,
-                    }
-                }
-            )
-            return UpstreamError(
-                exc.message, status=400, retryable=False, body=body, content_type="application/json"
-            )
+            return client_error(exc.message, exc.param)
         if isinstance(exc, EngineClosedError):
-            running = self.engine is not None and self.engine.async_engine.is_running
+            running = self.local_engine is not None and self.local_engine.thread.is_running
             return UpstreamError(
                 f"local engine {self.route.name!r} stopped", status=503, retryable=not running
             )
@@ -103,31 +120,33 @@ class LocalUpstream:
             retryable=False,
         )
 
-    async def open_stream(self, body: dict, ctx: CallContext) -> LocalEventStream:
+    async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> LocalEventStream:
+        from engine_backend.openai_response import ENDPOINTS
+
+        local_engine = self._running()
         options = body.get("stream_options")
         if options is None or isinstance(options, dict):  # anything else: the engine's 400
             options = {**(options or {}), "include_usage": True}
-        body = {**body, "model": ctx.upstream_model, "stream_options": options}
-        make = (
-            self.engine.chat_completion_stream
-            if ctx.endpoint == "chat"
-            else self.engine.completion_stream
-        )
-        chunks = make(body, tenant=ctx.tenant)
+        body = {**body, "model": ctx.client_model or ctx.upstream_model, "stream_options": options}
+        chunks = local_engine.stream(body, endpoint=ENDPOINTS[ctx.endpoint], tenant=ctx.tenant)
         try:
-            first = await chunks.__anext__()
+            first: dict | None = await anext(chunks)
         except StopAsyncIteration:
             first = None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- every engine failure becomes an UpstreamError
             raise self._engine_error(exc) from None
         return LocalEventStream(chunks, first, self.route.name)
 
-    async def complete(self, body: dict, ctx: CallContext) -> Completed:
-        body = {**body, "model": ctx.upstream_model}
-        make = self.engine.chat_completion if ctx.endpoint == "chat" else self.engine.completion
+    async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
+        from engine_backend.openai_response import ENDPOINTS
+
+        local_engine = self._running()
+        body = {**body, "model": ctx.client_model or ctx.upstream_model}
         try:
-            out = await make(body, tenant=ctx.tenant)
-        except Exception as exc:
+            out = await local_engine.complete(
+                body, endpoint=ENDPOINTS[ctx.endpoint], tenant=ctx.tenant
+            )
+        except Exception as exc:  # noqa: BLE001 -- every engine failure becomes an UpstreamError
             raise self._engine_error(exc) from None
         return Completed(200, orjson.dumps(out), "application/json", out.get("usage"))
 
@@ -136,9 +155,11 @@ class LocalEventStream:
     """Engine chunk dicts -> SSE events; the first chunk was pulled early to surface request errors.
     A failure after that ends this stream with an error event and [DONE], never a retry."""
 
-    relayed = None  # no provider headers to pass on
+    relayed: list[tuple[bytes, bytes]] | None = None  # no provider headers to pass on
 
-    def __init__(self, chunks: AsyncIterator[dict], first: dict | None, route: str = "") -> None:
+    def __init__(
+        self, chunks: AsyncGenerator[dict, None], first: dict | None, route: str = ""
+    ) -> None:
         self._chunks = chunks
         self._first = first
         self._route = route
@@ -150,7 +171,7 @@ class LocalEventStream:
         try:
             async for chunk in self._chunks:
                 yield [_event(chunk)]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- output has started: report in-stream
             log.warning(
                 "route %s: stream failed in the engine: %s", self._route, type(exc).__name__
             )

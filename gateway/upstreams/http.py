@@ -1,0 +1,313 @@
+"""The HTTP side of every remote upstream kind: one pooled session to the route's origin.
+
+`openai` and `anthropic` routes differ in request shape and auth headers, not in how they talk
+HTTP, so each holds an `UpstreamHttp` rather than inheriting from the other. Everything an
+upstream sends back is untrusted: redirects are never followed (the route's key and the
+tenant's prompt go to the route's origin only), bodies are read within byte limits, and an
+answer in the wrong media type is an upstream error.
+
+aiohttp's client is on the hot path because it measured fastest for streaming pass-through
+(README, "Dependencies, and why").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.routes import Route
+from gateway.sse import DEFAULT_MAX_EVENT_BYTES
+from gateway.upstream_paths import PassPath, upstream_url
+from gateway.upstreams.base import UpstreamError, relayed_headers, retry_after_seconds
+
+log = logging.getLogger("firsttoken.upstream")
+
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+WARM_UP_READ_BYTES = 1024 * 1024
+MODELS_TTL_S = 60.0
+MODELS_TIMEOUT_S = 2.0
+
+
+class ResponseTooLarge(Exception):
+    """An upstream body past the byte limit; the connection has been closed."""
+
+
+def make_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=60, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=True,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+class UpstreamHttp:
+    """Requests to one route's origin with its auth headers, and nothing else."""
+
+    def __init__(
+        self,
+        route: Route,
+        auth_headers: Mapping[str, str],
+        *,
+        pool_size: int = 256,
+        connect_timeout_s: float = 10.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.route = route
+        self.base_url = (route.base_url or "").rstrip("/")
+        self.max_response_bytes = max_response_bytes
+        self._auth = {**route.headers, **auth_headers}
+        self._pool_size = pool_size
+        self._connect_timeout_s = connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._models: tuple[float, list[dict[str, Any]]] | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise UpstreamError(f"route {self.route.name!r} is not started", status=503)
+        return self._session
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = make_session(self._pool_size, self._connect_timeout_s)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A JSON request's headers. `identity`: a compressed event stream would sit in the
+        decompressor between events."""
+        headers = {"content-type": "application/json", "accept-encoding": "identity", **self._auth}
+        if extra:
+            headers.update(extra)
+        return headers
+
+    async def post(
+        self, path: str, payload: bytes, extra: Mapping[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST JSON; any status from 300 up is raised as an `UpstreamError`."""
+        try:
+            resp = await self.session.post(
+                self.base_url + path,
+                data=payload,
+                headers=self.headers(extra),
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise UpstreamError(
+                f"upstream {self.route.name!r} unreachable ({type(exc).__name__})", status=503
+            ) from None
+        if resp.status >= 300:
+            raise await self.status_error(resp)
+        return resp
+
+    async def forward(
+        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+    ) -> aiohttp.ClientResponse:
+        """A passthrough request as the client sent it (allow-listed headers, its own content
+        type), to a URL built from the route's base and the validated path."""
+        out = {
+            "accept-encoding": "identity",
+            **headers,
+            **self._auth,
+        }  # auth last: never the client's
+        try:
+            return await self.session.request(
+                method,
+                upstream_url(self.base_url, path),
+                data=data,
+                headers=out,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(
+                f"Upstream {self.route.name!r} unreachable ({type(exc).__name__}).", status=503
+            ) from None
+
+    async def get_json(self, path: str, timeout_s: float, limit: int) -> Any:
+        """A small GET (model list, warm-up): the parsed body, or None on any failure."""
+        try:
+            async with self.session.get(
+                self.base_url + path,
+                headers=self.headers(),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                allow_redirects=False,
+            ) as resp:
+                body = await read_limited(resp, limit)
+                return orjson.loads(body) if resp.status == 200 else None
+        except (
+            aiohttp.ClientError,
+            OSError,
+            TimeoutError,
+            orjson.JSONDecodeError,
+            ResponseTooLarge,
+            UpstreamError,
+        ) as exc:
+            log.info("GET %s on route %s failed: %s", path, self.route.name, type(exc).__name__)
+            return None
+
+    async def model_list(self) -> list[dict[str, Any]]:
+        """The objects of the upstream's `GET /models` with a string `id`, cached for
+        MODELS_TTL_S; an upstream that does not answer in time lists nothing until then."""
+        now = time.monotonic()
+        if self._models is not None and now - self._models[0] < MODELS_TTL_S:
+            return self._models[1]
+        listing = await self.get_json("/models", MODELS_TIMEOUT_S, self.max_response_bytes)
+        items = listing.get("data") if isinstance(listing, dict) else None
+        models = [
+            item
+            for item in (items if isinstance(items, list) else ())
+            if isinstance(item, dict) and isinstance(item.get("id"), str)
+        ]
+        self._models = (now, models)
+        return models
+
+    async def warm_up(self, connections: int) -> None:
+        """Open keep-alive connections now so the first request pays no TCP/TLS handshake (a
+        cold pool is slower, not broken: failures are only logged)."""
+        await asyncio.gather(
+            *(self.get_json("/models", 5.0, WARM_UP_READ_BYTES) for _ in range(connections))
+        )
+
+    async def status_error(self, resp: aiohttp.ClientResponse) -> UpstreamError:
+        name, status = self.route.name, resp.status
+        if status < 400:
+            # A redirect would carry the route's key and the prompt to wherever it points;
+            # the same request would be redirected again, so it is not retried either.
+            resp.close()
+            return UpstreamError(
+                f"upstream {name!r} answered {status}, a redirect, which the gateway does not "
+                "follow",
+                status=status,
+                retryable=False,
+            )
+        headers = relayed_headers(resp.raw_headers, retry=True)
+        retry_after = retry_after_seconds(resp.headers.get("retry-after"))
+        content_type = resp.headers.get("content-type", "application/json")
+        try:
+            body: bytes | None = await read_limited(resp, self.max_response_bytes)
+        except ResponseTooLarge:
+            body = None  # not relayed: the client gets a 502 of ours instead
+        finally:
+            resp.release()
+        return UpstreamError(
+            f"upstream {name!r} answered {status}",
+            status=status,
+            retryable=status >= 500 or status == 429,
+            body=body,
+            content_type=content_type,
+            retry_after=retry_after,
+            headers=headers,
+        )
+
+    def expect(self, resp: aiohttp.ClientResponse, stream: bool) -> None:
+        """A stream must come as text/event-stream and a completion as JSON; anything else (an
+        HTML page from a proxy in between, a server that ignored `stream`) is an upstream
+        failure, retried like a 5xx: the client has seen nothing yet."""
+        media = resp.content_type
+        if stream:
+            if media == "text/event-stream":
+                return
+        elif media == "application/json" or media.endswith("+json"):
+            return
+        resp.close()
+        wanted = "text/event-stream" if stream else "JSON"
+        raise UpstreamError(
+            f"upstream {self.route.name!r} answered {media[:64]!r} where {wanted} was expected",
+            status=502,
+        )
+
+    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await read_limited(resp, self.max_response_bytes)
+        except ResponseTooLarge:
+            raise UpstreamError(
+                f"upstream {self.route.name!r} sent a response over "
+                f"{self.max_response_bytes} bytes",
+                status=502,
+                retryable=False,
+            ) from None
+        finally:
+            resp.release()
+
+
+class RemoteUpstream:
+    """What the remote kinds share: the route, its `UpstreamHttp`, and the limits and warm-up
+    of their answers. Each kind adds its own auth headers, paths and shapes."""
+
+    def __init__(
+        self,
+        route: Route,
+        auth_headers: Mapping[str, str],
+        *,
+        pool_size: int = 256,
+        connect_timeout_s: float = 10.0,
+        warm_connections: int = 2,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.route = route
+        self.http = UpstreamHttp(
+            route,
+            auth_headers,
+            pool_size=pool_size,
+            connect_timeout_s=connect_timeout_s,
+            max_response_bytes=max_response_bytes,
+        )
+        self.max_event_bytes = max_event_bytes
+        self._warm_connections = warm_connections
+
+    async def start(self) -> None:
+        await self.http.start()
+
+    async def warm_up(self) -> None:
+        await self.http.warm_up(self._warm_connections)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def json_object_body(raw: bytes, route_name: str) -> dict:
+    """A non-streaming answer must be one JSON object; anything else (an HTML error page, a
+    bare string) is the upstream breaking its protocol: a 502, never relayed as a 200."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise UpstreamError(
+            f"upstream {route_name!r} answered with a body that is not a JSON object", status=502
+        )
+    return parsed
+
+
+async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, or ResponseTooLarge (connection closed) once it passes `limit` bytes.
+    Counted as it arrives, after decompression, whatever Content-Length says."""
+    length = resp.content_length
+    if length is not None and length > limit:
+        resp.close()
+        raise ResponseTooLarge
+    chunks = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            resp.close()
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+__all__ = ["ResponseTooLarge", "UpstreamHttp", "json_object_body", "read_limited"]
