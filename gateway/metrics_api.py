@@ -7,6 +7,7 @@ Admin keys (`FIRSTTOKEN_ADMIN_KEYS`) may read any tenant, or all with `?tenant=*
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,11 @@ def _asked_tenant(request: Request) -> str | None:
     return asked
 
 
+def _exposition(gateway: Gateway, gzipped: bool) -> tuple[bytes, str]:
+    body, content_type = gateway.telemetry.prometheus_exposition()
+    return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
+
+
 def metrics_endpoints(gateway: Gateway) -> list[Route]:
     async def ttft(request: Request) -> Response:
         try:
@@ -87,8 +93,14 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
             ).to_response()
         # Rendering is CPU work proportional to the series; in a worker thread the loop keeps
         # serving between the interpreter's switches instead of waiting for the whole body.
-        body, content_type = await asyncio.to_thread(gateway.telemetry.prometheus_exposition)
-        return Response(body, media_type=None, headers={"content-type": content_type})
+        # A scrape of many tenants runs to megabytes of text: rendered (and gzipped, when the
+        # scraper takes it, as Prometheus does) off the event loop.
+        gzipped = "gzip" in request.headers.get("accept-encoding", "").lower()
+        body, content_type = await asyncio.to_thread(_exposition, gateway, gzipped)
+        headers = {"content-type": content_type}
+        if gzipped:
+            headers["content-encoding"] = "gzip"
+        return Response(body, media_type=None, headers=headers)
 
     return [
         Route("/v1/metrics/ttft", ttft, methods=["GET"]),

@@ -94,7 +94,8 @@ class HeavyWork:
         import multiprocessing  # only for a gateway that starts workers
         from concurrent.futures import ProcessPoolExecutor
 
-        init, initargs = self._process_init  # type: ignore[misc]
+        assert self._process_init is not None  # callers check it: no workers without one
+        init, initargs = self._process_init
         self._processes = ProcessPoolExecutor(
             max_workers=self._process_workers,
             mp_context=multiprocessing.get_context("spawn"),

@@ -242,4 +242,5 @@ def server_config(
     """
     options.setdefault("ws", "none")
     protocol = functools.partial(FrontDoorProtocol, limits=HeadLimits.from_settings(settings))
+    # uvicorn calls `http` as a protocol factory; its annotation admits only a class.
     return uvicorn.Config(app, host=host, port=port, http=protocol, **options)  # type: ignore[arg-type]

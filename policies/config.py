@@ -168,6 +168,7 @@ def parse_options(options: Mapping[str, object]) -> PolicyOptions:
             continue
         policy, field, kind, _ = spec
         fields[policy][field] = _parse_value(ENV_PREFIX + key, raw_value, kind)
+    # Each value was parsed to its field's kind above; the dict's type cannot say which.
     return PolicyOptions(
         slim=SlimOptions(**fields["slim"]),  # type: ignore[arg-type]
         canonicalize=CanonicalizeOptions(**fields["canonicalize"]),  # type: ignore[arg-type]

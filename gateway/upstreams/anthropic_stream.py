@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from gateway.errors import error_body
+
 FINISH_REASONS = {
     "end_turn": "stop",
     "stop_sequence": "stop",
@@ -49,7 +51,7 @@ class AnthropicStreamError(RuntimeError):
 
     def to_openai(self) -> dict:
         """The OpenAI error body to send in-stream."""
-        return _error_body(self.message, self.type)
+        return error_body(self.message, self.type)
 
 
 def finish_reason(stop_reason: str | None) -> str | None:
@@ -264,11 +266,11 @@ def error_to_openai(status: int, body: bytes) -> dict:
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
         message = error.get("message") or f"upstream returned HTTP {status}"
-        return _error_body(str(message), str(error.get("type") or fallback_type))
+        return error_body(str(message), str(error.get("type") or fallback_type))
     if isinstance(error, str):
-        return _error_body(error, fallback_type)
+        return error_body(error, fallback_type)
     excerpt = body[:500].decode("utf-8", "replace").strip()
-    return _error_body(excerpt or f"upstream returned HTTP {status}", fallback_type)
+    return error_body(excerpt or f"upstream returned HTTP {status}", fallback_type)
 
 
 def _obj(value: Any) -> dict:
@@ -281,10 +283,6 @@ def _count(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return 0
-
-
-def _error_body(message: str, error_type: str) -> dict:
-    return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
 
 
 def _new_id() -> str:

@@ -32,6 +32,10 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 WARM_UP_READ_BYTES = 1024 * 1024
 MODELS_TTL_S = 60.0
 MODELS_TIMEOUT_S = 2.0
+# An upstream's model list is untrusted like any answer: bounded in bytes, entries and id length.
+MODELS_MAX_BYTES = 4 * 1024 * 1024
+MODELS_MAX_ENTRIES = 1000
+MODEL_ID_MAX_CHARS = 256
 
 
 class ResponseTooLarge(Exception):
@@ -158,18 +162,21 @@ class UpstreamHttp:
             return None
 
     async def model_list(self) -> list[dict[str, Any]]:
-        """The objects of the upstream's `GET /models` with a string `id`, cached for
-        MODELS_TTL_S; an upstream that does not answer in time lists nothing until then."""
+        """The objects of the upstream's `GET /models` with a string `id` of at most
+        MODEL_ID_MAX_CHARS, the first MODELS_MAX_ENTRIES of them, cached for MODELS_TTL_S; an
+        upstream that does not answer in time lists nothing until then."""
         now = time.monotonic()
         if self._models is not None and now - self._models[0] < MODELS_TTL_S:
             return self._models[1]
-        listing = await self.get_json("/models", MODELS_TIMEOUT_S, self.max_response_bytes)
+        listing = await self.get_json("/models", MODELS_TIMEOUT_S, MODELS_MAX_BYTES)
         items = listing.get("data") if isinstance(listing, dict) else None
         models = [
             item
             for item in (items if isinstance(items, list) else ())
-            if isinstance(item, dict) and isinstance(item.get("id"), str)
-        ]
+            if isinstance(item, dict)
+            and isinstance(item.get("id"), str)
+            and 0 < len(item["id"]) <= MODEL_ID_MAX_CHARS
+        ][:MODELS_MAX_ENTRIES]
         self._models = (now, models)
         return models
 

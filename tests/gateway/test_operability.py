@@ -132,3 +132,15 @@ def test_anthropic_answers_name_the_model_the_client_asked_for(mock_upstream, ma
     chunks = list(client.chat.completions.create(model="claude-x", messages=MESSAGES, stream=True))
     assert {c.model for c in chunks} == {"claude-x"}
     assert mock_upstream.mock.requests[-1]["body"]["model"] == "claude-upstream"
+
+
+def test_prometheus_scrapes_are_gzipped_when_the_scraper_takes_it(mock_upstream, make_gateway):
+    gw = make_gateway([openai_route(mock_upstream)])
+    sdk_client(gw).chat.completions.create(model="mock-a", messages=MESSAGES)
+    plain = httpx.get(gw.url + "/metrics", headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    assert "# TYPE firsttoken_ttft_seconds histogram" in plain.text
+    raw = httpx.get(gw.url + "/metrics", headers={"accept-encoding": "gzip"})
+    assert raw.headers["content-encoding"] == "gzip"
+    assert int(raw.headers["content-length"]) < len(plain.content)
+    assert raw.text.splitlines()[0] == plain.text.splitlines()[0]  # httpx decompressed it

@@ -171,6 +171,46 @@ def test_warm_up_and_model_list_do_not_follow_redirects(hostile, witness, make_g
     assert witness.upstream.requests == []
 
 
+def test_a_hostile_model_list_is_bounded_and_filtered(hostile, make_gateway):
+    from gateway.upstreams.http import MODELS_MAX_ENTRIES
+
+    junk = [{"id": 5}, {"id": ""}, {"id": "gpt-" + "x" * 5000}, "gpt-bare", {"no": "id"}]
+    many = [{"id": f"gpt-{i}", "object": "model"} for i in range(MODELS_MAX_ENTRIES + 500)]
+    hostile.upstream.models_handler = json_answer({"data": [*junk, *many]})
+    gw = make_gateway([openai_to(hostile)])
+    gw.wait_ready()
+    ids = [m.id for m in sdk_client(gw).models.list().data]
+    assert ids == [f"gpt-{i}" for i in range(MODELS_MAX_ENTRIES)]  # junk skipped, then cut
+
+
+def test_a_model_list_past_its_byte_limit_lists_nothing_and_serves_on(hostile, make_gateway):
+    from gateway.upstreams.http import MODELS_MAX_BYTES
+
+    pad = "p" * 1000
+    count = MODELS_MAX_BYTES // 1000 + 10
+    hostile.upstream.models_handler = json_answer(
+        {"data": [{"id": f"gpt-{i}", "pad": pad} for i in range(count)]}
+    )
+    gw = make_gateway([openai_to(hostile)])
+    gw.wait_ready()
+    client = sdk_client(gw)
+    assert client.models.list().data == []
+    stream = client.chat.completions.create(model="gpt-x", messages=CHAT["messages"], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "hello"
+
+
+def test_model_lookups_with_hostile_ids_are_404s_served_by_the_gateway(hostile, make_gateway):
+    gw = make_gateway([openai_to(hostile)])
+    gw.wait_ready()
+    before = len(hostile.upstream.requests)
+    for model_id in ("x" * 6000, "a/../../admin", "gpt-%2e%2e", "%00", "é" * 100):
+        r = httpx.get(gw.url + "/v1/models/" + model_id, timeout=10)
+        assert r.status_code in (400, 404), (model_id[:20], r.status_code)
+        assert len(r.content) < 2000  # the id is echoed cut short, never whole
+        assert r.headers["x-request-id"]
+    assert [q for q in hostile.upstream.requests[before:] if q["path"] != "/v1/models"] == []
+
+
 # --- SSE events are bounded, and split in linear time ----------------------------------------
 
 
