@@ -3,8 +3,11 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# A CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
+# Pinned: an unpinned torch would pull a multi-GB CUDA build. The pin resolves to a CPU wheel
+# where pip is configured with one (as on this project's CI machines); elsewhere on Linux, add
+# TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu" for the CPU build.
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: run test lint format venv clean
 
@@ -13,7 +16,7 @@ $(BIN)/activate:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml $(BIN)/activate
-	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q "$(TORCH_PIN)" $(TORCH_INDEX)
 	$(BIN)/pip install -q -e ".[engine,test,lint]"
 	touch $@
 

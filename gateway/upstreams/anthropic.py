@@ -42,6 +42,7 @@ from gateway.upstreams.base import (
     chunk_has_content,
     client_error,
     encode_body,
+    event_too_large,
     no_forward,
     relayed_headers,
 )
@@ -175,11 +176,7 @@ class AnthropicEventStream:
                     yield out
                 if ended:
                     return
-                raise UpstreamError(
-                    f"upstream {self._route!r} sent an event over {exc.limit} bytes",
-                    status=502,
-                    retryable=False,
-                ) from None
+                raise event_too_large(self._route, exc.limit) from None
             out, ended = self._translate(events)
             if out:
                 yield out

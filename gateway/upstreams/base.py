@@ -211,6 +211,13 @@ class Upstream(Protocol):
         origin with its credentials; kinds that forward nothing raise `no_forward`."""
 
 
+def event_too_large(route_name: str, limit: int) -> UpstreamError:
+    """An upstream SSE event past FIRSTTOKEN_MAX_EVENT_BYTES: the stream cannot go on."""
+    return UpstreamError(
+        f"upstream {route_name!r} sent an event over {limit} bytes", status=502, retryable=False
+    )
+
+
 def no_forward(route: Route) -> UpstreamError:
     """What `forward` raises on a kind that has no raw HTTP API behind it."""
     return UpstreamError(

@@ -22,8 +22,8 @@ from gateway.upstreams.base import (
     ModelCard,
     OutEvent,
     UpstreamBody,
-    UpstreamError,
     encode_body,
+    event_too_large,
     relayed_headers,
     usage_from_chunk,
 )
@@ -103,11 +103,7 @@ class OpenAIEventStream:
                     yield out
                     if out[-1].done or out[-1].error:
                         return
-                raise UpstreamError(
-                    f"upstream {self._route!r} sent an event over {exc.limit} bytes",
-                    status=502,
-                    retryable=False,
-                ) from None
+                raise event_too_large(self._route, exc.limit) from None
             if events:
                 out = self._out(events)
                 yield out
