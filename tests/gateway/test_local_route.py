@@ -94,6 +94,25 @@ def test_a_pattern_route_answers_with_the_model_the_client_asked_for(tiny_model,
     assert chunks and {chunk.model for chunk in chunks} == {"local-x"}
     whole = sdk(gw).chat.completions.create(model="local-x", max_tokens=2, messages=messages)
     assert whole.model == "local-x"
+    # The engine's own name (the folder's) is not one this route serves: not listed.
+    client = sdk(gw)
+    assert client.models.list().data == []
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("tiny-llama0")
+
+
+def test_a_catch_all_local_route_lists_the_engines_model(tiny_model, make_gateway):
+    gw = make_gateway([local_route(tiny_model)])
+    gw.wait_ready()
+    client = sdk(gw)
+    (card,) = client.models.list().data
+    assert client.models.retrieve(card.id) == card
+    assert (
+        client.chat.completions.create(
+            model=card.id, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        ).model
+        == card.id
+    )
 
 
 def test_tenant_isolation_reaches_the_engine(tiny_model, make_gateway):

@@ -3,6 +3,8 @@ upstream's rate-limit headers, through the real OpenAI SDK."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import openai
 import pytest
@@ -144,3 +146,14 @@ def test_prometheus_scrapes_are_gzipped_when_the_scraper_takes_it(mock_upstream,
     assert raw.headers["content-encoding"] == "gzip"
     assert int(raw.headers["content-length"]) < len(plain.content)
     assert raw.text.splitlines()[0] == plain.text.splitlines()[0]  # httpx decompressed it
+
+
+def test_the_request_id_a_client_got_is_in_the_gateways_log(mock_upstream, make_gateway, caplog):
+    mock_upstream.mock.behaviour.fail_statuses = [500, 500]
+    gw = make_gateway([openai_route(mock_upstream)])
+    with caplog.at_level(logging.INFO, logger="firsttoken.proxy"):
+        with pytest.raises(openai.InternalServerError) as caught:
+            sdk_client(gw).chat.completions.create(model="mock-a", messages=MESSAGES)
+    request_id = caught.value.response.headers["x-request-id"]
+    assert request_id.startswith("req_")
+    assert any(request_id in record.getMessage() for record in caplog.records)
