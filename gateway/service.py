@@ -28,6 +28,7 @@ from gateway.request_body import parse_request, read_body
 from gateway.request_id import next_request_id
 from gateway.routes import Route, RouteTable
 from gateway.settings import Settings
+from gateway.stream_relay import StreamRelay
 from gateway.timing import RequestTiming
 from gateway.upstreams import Upstream, build_upstream
 from gateway.upstreams.base import EncodedBody
@@ -231,7 +232,7 @@ class Gateway:
         except GatewayError as exc:
             return exc.to_response(request_id)
         if stream:
-            return self.proxy.stream(plan, timing)
+            return StreamRelay(self.proxy, plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
 
     async def _chain_for(self, model: str) -> list[Route]:
