@@ -7,6 +7,8 @@ import asyncio
 import importlib.util
 import logging
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.types import ASGIApp
@@ -22,7 +24,7 @@ from gateway.policy_runner import (
     prepared_report_headers,
     report_headers,
 )
-from gateway.prepared import EncodedBodies, PolicyBodies, PreparedRequest
+from gateway.prepared import EncodedBodies, PolicyBodies, PreparedRequest, RouteBodies
 from gateway.proxy import Proxy
 from gateway.request_body import parse_request, read_body
 from gateway.request_id import next_request_id
@@ -34,6 +36,9 @@ from gateway.upstreams import Upstream, build_upstream
 from gateway.upstreams.base import EncodedBody
 from policies.chain import PolicyResult
 from policies.tokens import warm_up as warm_up_tokens
+
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 
 log = logging.getLogger("firsttoken")
 
@@ -214,21 +219,18 @@ class Gateway:
                 arrival=arrival,
                 wall_arrival=wall_arrival,
             )
+            call = Call(request, request_id, endpoint, timing, chain)
             if big is not None:
                 if self.objects.enabled:  # a `file` part names an upload
                     await self.objects.routes_of(tenant, big.references)
-                plan = self._prepare_encoded(
-                    request, request_id, endpoint, tenant, big, chain, timing
-                )
+                plan = self._prepare_encoded(call, big)
             else:
                 assert body is not None
                 heavy = self.offload.is_heavy(len(raw))
                 await self.objects.check_references(
                     tenant, raw, body, self.offload if heavy else None
                 )
-                plan = await self._prepare(
-                    request, request_id, endpoint, tenant, body, model, chain, timing, heavy
-                )
+                plan = await self._prepare(call, body, heavy)
         except GatewayError as exc:
             return exc.to_response(request_id)
         if stream:
@@ -269,17 +271,9 @@ class Gateway:
             raise outcome.error()
         return outcome if isinstance(outcome, Prepared) else None
 
-    def _prepare_encoded(
-        self,
-        request: Request,
-        request_id: str,
-        endpoint: str,
-        tenant: str,
-        big: Prepared,
-        chain: list[Route],
-        timing: RequestTiming,
-    ) -> PreparedRequest:
+    def _prepare_encoded(self, call: Call, big: Prepared) -> PreparedRequest:
         """The request for a big body that a worker process parsed, checked and encoded."""
+        timing, tenant = call.timing, call.timing.tenant
         bodies = {
             name: EncodedBody(b.encoded, b.upstream_model, big.stream)
             for name, b in big.bodies.items()
@@ -298,42 +292,22 @@ class Gateway:
                 )
             )
         applied = ",".join(big.applied) if big.applied is not None else "none"
-        return PreparedRequest(
-            endpoint=endpoint,
-            tenant=tenant,
-            request_id=request_id,
-            model=big.model,
-            chain=chain,
-            bodies=EncodedBodies(bodies),
-            client_wants_usage=big.client_wants_usage,
-            telemetry=self.telemetry,
-            response_headers={"x-firsttoken-policies": applied},
-            forward_headers=_forwardable(request),
-            report=report,
+        return call.prepared(
+            EncodedBodies(bodies), big.client_wants_usage, applied, report, self.telemetry
         )
 
-    async def _prepare(
-        self,
-        request: Request,
-        request_id: str,
-        endpoint: str,
-        tenant: str,
-        body: dict,
-        model: str,
-        chain: list[Route],
-        timing: RequestTiming,
-        heavy: bool,
-    ) -> PreparedRequest:
+    async def _prepare(self, call: Call, body: dict, heavy: bool) -> PreparedRequest:
         """The request with the first route's policies applied (on the heavy-work pool for a
         big body, so that its policy work does not hold the loop from other tenants)."""
-        names = self.policies.names_for(chain[0], request.headers.get(POLICY_HEADER))
+        timing, tenant, chain = call.timing, call.timing.tenant, call.chain
+        names = self.policies.names_for(chain[0], call.request.headers.get(POLICY_HEADER))
         bodies = PolicyBodies(
             self.policies,
             names,
             body,
-            endpoint=endpoint,
+            endpoint=call.endpoint,
             tenant=tenant,
-            model=model,
+            model=timing.model,
             stream=timing.stream,
         )
         if heavy:
@@ -349,19 +323,40 @@ class Gateway:
             )
             report.add_done_callback(lambda _: _note_saved(timing, primary))
         options = body.get("stream_options")
+        wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        applied = ",".join(primary.applied) if primary else "none"
+        return call.prepared(bodies, wants_usage, applied, report, self.telemetry)
+
+
+@dataclass(slots=True)
+class Call:
+    """A chat or completions request once its body is read and its route chain known."""
+
+    request: Request
+    request_id: str
+    endpoint: str
+    timing: RequestTiming  # holds the tenant, the model as asked and `stream`
+    chain: list[Route]
+
+    def prepared(
+        self,
+        bodies: RouteBodies,
+        client_wants_usage: bool,
+        applied: str,
+        report: asyncio.Future[dict[str, str]] | None,
+        telemetry: Telemetry,
+    ) -> PreparedRequest:
         return PreparedRequest(
-            endpoint=endpoint,
-            tenant=tenant,
-            request_id=request_id,
-            model=model,
-            chain=chain,
+            endpoint=self.endpoint,
+            tenant=self.timing.tenant,
+            request_id=self.request_id,
+            model=self.timing.model,
+            chain=self.chain,
             bodies=bodies,
-            client_wants_usage=isinstance(options, dict) and bool(options.get("include_usage")),
-            telemetry=self.telemetry,
-            response_headers={
-                "x-firsttoken-policies": ",".join(primary.applied) if primary else "none"
-            },
-            forward_headers=_forwardable(request),
+            client_wants_usage=client_wants_usage,
+            telemetry=telemetry,
+            response_headers={"x-firsttoken-policies": applied},
+            forward_headers=_forwardable(self.request),
             report=report,
         )
 
