@@ -61,11 +61,23 @@ def forward_headers(request: Request) -> dict[str, str]:
 def choose_route(
     table: RouteTable, family: str, model: str | None, owner_route: str | None
 ) -> Route:
-    """The `openai` route named by the body's model, else the one the object was created
-    through, else the first `openai` route that forwards this family."""
+    """The route named by the body's model (a 400 when that route is not an `openai` one),
+    else the one the object was created through, else the first `openai` route that forwards
+    this family."""
     if model is not None:
         route = table.match(model)
-        if route is not None and route.kind == "openai":
+        if route is not None and route.kind != "openai":
+            # Never the wrong provider in silence: the model is this route's, and this route
+            # kind has no /v1/<family> of its own.
+            raise GatewayError(
+                400,
+                f"The model '{model}' is served by route {route.name!r} ({route.kind}), which "
+                f"does not serve /v1/{family}; only openai routes do.",
+                type="invalid_request_error",
+                param="model",
+                code="unsupported_route_kind",
+            )
+        if route is not None:
             if not route.allows_passthrough(family):
                 raise _family_off(family)
             return route

@@ -23,7 +23,7 @@ from gateway.settings import Settings, SettingsError
 from gateway.upstream_paths import parse_target, upstream_url
 from tests.security.conftest import UPSTREAM_KEY
 from tests.support.clients import sdk_client
-from tests.support.gateway import GatewayThread, openai_route
+from tests.support.gateway import GatewayThread, anthropic_route, openai_route
 
 
 def raw_request(
@@ -312,6 +312,17 @@ def test_passthrough_families_can_be_switched_off_per_route(mock_upstream, make_
         .chat.completions.create(model="mock-1", messages=[{"role": "user", "content": "hi"}])
         .choices
     )
+
+
+def test_a_model_of_another_route_kind_is_refused_not_sent_to_the_wrong_provider(
+    mock_upstream, make_gateway
+):
+    gw = make_gateway([anthropic_route(mock_upstream), openai_route(mock_upstream)])
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk_client(gw).responses.create(model="claude-x", input="hi")
+    assert caught.value.body["code"] == "unsupported_route_kind"
+    assert "claude" in caught.value.message
+    assert mock_upstream.mock.requests == []  # neither provider heard of it
 
 
 def test_an_unknown_passthrough_family_is_a_start_up_error(mock_upstream):
