@@ -52,6 +52,7 @@ class MockUpstream:
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/embeddings", self.embeddings)
         self.app.router.add_post("/v1/messages", self.anthropic_messages)
+        self.app.router.add_post("/v1/messages/count_tokens", self.anthropic_count_tokens)
         self.objects = MockObjects(self)
         self.objects.register(self.app.router)
 
@@ -309,14 +310,24 @@ class MockUpstream:
             "cache_creation_input_tokens": 20,
         }
         if not body.get("stream"):
+            content: list[dict] = [{"type": "text", "text": "Hello from Claude"}]
+            if body.get("tools"):
+                content.append(
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {"city": "Paris"},
+                    }
+                )
             return web.json_response(
                 {
                     "id": "msg_mock",
                     "type": "message",
                     "role": "assistant",
                     "model": body["model"],
-                    "content": [{"type": "text", "text": "Hello from Claude"}],
-                    "stop_reason": "end_turn",
+                    "content": content,
+                    "stop_reason": "tool_use" if body.get("tools") else "end_turn",
                     "stop_sequence": None,
                     "usage": {**usage, "output_tokens": 4},
                 },
@@ -401,6 +412,17 @@ class MockUpstream:
         )
         await event("message_stop", {"type": "message_stop"})
         return resp
+
+    async def anthropic_count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's token count: here, one token per 4 bytes of the messages' JSON."""
+        body = await self._record(request)
+        failure = self._failure()
+        if failure is not None:
+            return failure
+        counted = orjson.dumps(body.get("messages", []))
+        return web.json_response(
+            {"input_tokens": max(1, len(counted) // 4)}, headers=self.behaviour.answer_headers
+        )
 
 
 # -- Objects: files, batches, stored responses ----------------------------------------------

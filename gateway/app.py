@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
+from gateway.messages_api import messages_endpoints
 from gateway.metrics_api import metrics_endpoints
 from gateway.models_api import models_endpoints
 from gateway.passthrough import passthrough
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None) -> HotPath:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *metrics_endpoints(gateway),
+        *messages_endpoints(gateway),  # before the passthrough catch-all
         Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     app = Starlette(

@@ -162,6 +162,19 @@ class PassPath:
         return "/v1/" + "/".join(self.segments)[:200]
 
 
+def fixed_path(*segments: str) -> PassPath:
+    """A path the gateway itself names (Anthropic's `messages`, `messages/count_tokens`), never
+    one a client sent: plain segments only (a ValueError otherwise, a bug of ours), and no
+    family check, since these paths are not in OpenAI's families. Client paths still go
+    through `parse_target`."""
+    if not segments or len(segments) > MAX_SEGMENTS:
+        raise ValueError(f"a fixed path needs 1 to {MAX_SEGMENTS} segments")
+    for segment in segments:
+        if segment in (".", "..") or not _PLAIN_SEGMENT.fullmatch(segment):
+            raise ValueError(f"not a plain path segment: {segment[:40]!r}")
+    return PassPath(tuple(segments))
+
+
 def bad_path(message: str) -> GatewayError:
     return GatewayError(400, message, code="invalid_path")
 

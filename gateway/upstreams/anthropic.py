@@ -51,6 +51,8 @@ from gateway.upstreams.http import RemoteUpstream, json_object_body
 log = logging.getLogger("firsttoken.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
+# Anthropic's own paths (after the route's base URL, `.../v1`) that `forward` serves.
+FORWARDED_PATHS = frozenset({("messages",), ("messages", "count_tokens")})
 
 
 class AnthropicUpstream(RemoteUpstream):
@@ -79,7 +81,15 @@ class AnthropicUpstream(RemoteUpstream):
     async def forward(
         self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
     ) -> aiohttp.ClientResponse:
-        raise no_forward(self.route)
+        """Anthropic's own endpoints (`POST messages`, `POST messages/count_tokens`), as the
+        client wrote them: the Messages API door (`gateway.messages_api`) uses this. Any other
+        path or method is not forwarded. The client may choose its `anthropic-version`; the
+        route's key always replaces whatever key the headers carry."""
+        if method != "POST" or path.segments not in FORWARDED_PATHS or path.query:
+            raise no_forward(self.route)
+        return await self.http.forward(
+            method, path, headers, data, client_chosen=("anthropic-version",)
+        )
 
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
         """The Messages body, or a 400 naming the field that cannot be translated: a client's

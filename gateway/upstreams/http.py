@@ -117,15 +117,24 @@ class UpstreamHttp:
         return resp
 
     async def forward(
-        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+        self,
+        method: str,
+        path: PassPath,
+        headers: Mapping[str, str],
+        data: Any,
+        *,
+        client_chosen: tuple[str, ...] = (),
     ) -> aiohttp.ClientResponse:
         """A passthrough request as the client sent it (allow-listed headers, its own content
-        type), to a URL built from the route's base and the validated path."""
+        type), to a URL built from the route's base and the validated path. The route's
+        headers override the client's, except the protocol headers named in `client_chosen`
+        (a version, never a credential) that the client did send."""
         out = {
             "accept-encoding": "identity",
             **headers,
             **self._auth,
         }  # auth last: never the client's
+        out.update((name, headers[name]) for name in client_chosen if name in headers)
         try:
             return await self.session.request(
                 method,
