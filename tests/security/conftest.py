@@ -22,3 +22,21 @@ def auth(key: str) -> dict[str, str]:
 def tenant_settings() -> dict:
     """Settings for a gateway in tenant mode (pass as **kwargs to make_gateway)."""
     return {"tenant_keys": TENANT_KEYS, "admin_keys": ADMIN_KEY}
+
+
+@pytest.fixture
+def hostile():
+    """A hostile upstream on loopback whose answers each test scripts."""
+    from tests.security.hostile_upstream import HostileServer
+
+    with HostileServer() as server:
+        yield server
+
+
+@pytest.fixture
+def witness():
+    """A second loopback server: where a redirect points. It must never hear from us."""
+    from tests.security.hostile_upstream import HostileServer
+
+    with HostileServer() as server:
+        yield server

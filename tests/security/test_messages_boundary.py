@@ -13,7 +13,6 @@ import pytest
 
 from tests.security.conftest import TENANT_A_KEY, UPSTREAM_KEY
 from tests.security.hostile_upstream import (
-    HostileServer,
     anthropic_event,
     anthropic_stream,
     endless_answer,
@@ -39,19 +38,6 @@ MESSAGE = {
     "stop_reason": "end_turn",
     "usage": {"input_tokens": 3, "output_tokens": 1},
 }
-
-
-@pytest.fixture
-def hostile():
-    with HostileServer() as server:
-        yield server
-
-
-@pytest.fixture
-def witness():
-    """Where a redirect points. It must never hear from us."""
-    with HostileServer() as server:
-        yield server
 
 
 def post(gw, body: object, path: str = "/v1/messages", **options) -> httpx.Response:

@@ -45,19 +45,6 @@ STREAM = {**CHAT, "stream": True}
 CLAUDE = {**CHAT, "model": "claude-x"}
 
 
-@pytest.fixture
-def hostile():
-    with HostileServer() as server:
-        yield server
-
-
-@pytest.fixture
-def witness():
-    """A second loopback server: where a redirect points. It must never hear from us."""
-    with HostileServer() as server:
-        yield server
-
-
 def openai_to(server: HostileServer, **extra) -> dict:
     return openai_route(server, name="hostile", models=["gpt-*"], **extra)
 
