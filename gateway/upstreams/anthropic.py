@@ -1,6 +1,6 @@
 """The `anthropic` upstream kind: OpenAI requests in, Anthropic Messages API out, and back.
 
-Translation lives in `anthropic_format` (pure); this module only does the HTTP.
+Translation lives in `gateway.translation.anthropic` (pure); this module only does the HTTP.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from gateway.sse import (
     SSEParser,
     encode_data,
 )
-from gateway.upstream_paths import PassPath
-from gateway.upstreams.anthropic_format import (
+from gateway.translation.anthropic import (
     AnthropicStreamError,
     AnthropicStreamTranslator,
     TranslationError,
@@ -33,6 +32,7 @@ from gateway.upstreams.anthropic_format import (
     to_anthropic_request,
     to_openai_response,
 )
+from gateway.upstream_paths import PassPath
 from gateway.upstreams.base import (
     CallContext,
     Completed,

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from gateway.upstreams.anthropic_format import (
+from gateway.translation.anthropic import (
     DEFAULT_MAX_TOKENS,
     AnthropicStreamError,
     AnthropicStreamTranslator,

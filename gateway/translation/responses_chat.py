@@ -1,0 +1,694 @@
+"""OpenAI Responses requests -> OpenAI chat, and chat answers -> Responses.
+
+Used by `POST /v1/responses` when the model is served by an `anthropic` or `local` route. Only
+OpenAI keeps Responses state server-side and runs its built-in tools, so requests that lean on
+either (`previous_response_id`, `conversation`, stored prompts, `background`, web search, ...)
+fail with a `TranslationError` (a 400) rather than being answered without them. Responses built
+here are never stored (`store: false`). Fields that only mean something to OpenAI's own servers
+(`store`, `include`, `truncation`, `prompt_cache_key`, ...) are dropped without a word; the ones
+a client would notice missing (`reasoning`, reasoning items) are named in `Translated.notes`.
+
+The chat answer is untrusted: a field of the wrong type loses only itself, never the answer.
+The stream translator returns each event as soon as its chunk is fed, so no token waits.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from gateway.timing import token_count
+from gateway.translation.chat_to_anthropic import TranslationError
+from gateway.translation.messages_chat import Translated, id_stem, sse_event
+
+# Fields that need state only OpenAI keeps; answering without it would answer something else.
+_STATEFUL_FIELDS = ("previous_response_id", "conversation", "prompt")
+
+_MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+
+# Chat finish reasons that end a response as `incomplete`, with the reason Responses gives.
+_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+# --- request ----------------------------------------------------------------------------------
+
+
+def responses_request_to_chat(body: dict) -> Translated:
+    """Translate an OpenAI Responses request body into an OpenAI chat request body."""
+    if not isinstance(body, dict):
+        raise TranslationError("the request body must be a JSON object")
+    for name in _STATEFUL_FIELDS:
+        if body.get(name) is not None:
+            raise TranslationError(
+                f"'{name}' is only supported on OpenAI routes (they keep server-side state)", name
+            )
+    if body.get("background") is True:
+        raise TranslationError("'background' is only supported on OpenAI routes", "background")
+    notes: list[str] = []
+    out: dict[str, Any] = {}
+    if "model" in body:
+        out["model"] = body["model"]
+    messages: list[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise TranslationError("'instructions' must be a string", "instructions")
+        if instructions:
+            messages.append({"role": "system", "content": instructions})
+    messages.extend(_input_messages(body.get("input"), notes))
+    if not messages:
+        raise TranslationError("'input' must not be empty", "input")
+    out["messages"] = messages
+
+    max_tokens = body.get("max_output_tokens")
+    if max_tokens is not None:
+        if type(max_tokens) is not int or max_tokens < 1:
+            raise TranslationError(
+                "'max_output_tokens' must be a positive integer", "max_output_tokens"
+            )
+        out["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TranslationError(f"'{name}' must be a number", name)
+            out[name] = value
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        out["user"] = user
+
+    tools = _translate_tools(body.get("tools"))
+    if tools:
+        out["tools"] = tools
+        tool_choice = _translate_tool_choice(body.get("tool_choice"))
+        if tool_choice is not None:
+            out["tool_choice"] = tool_choice
+        parallel = body.get("parallel_tool_calls")
+        if isinstance(parallel, bool):
+            out["parallel_tool_calls"] = parallel
+    response_format = _response_format(body.get("text"))
+    if response_format is not None:
+        out["response_format"] = response_format
+    if body.get("reasoning") is not None:
+        notes.append("reasoning dropped")
+    if body.get("stream") is True:
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+    return Translated(out, tuple(notes))
+
+
+def _input_messages(items: Any, notes: list[str]) -> list[dict]:
+    if items is None:
+        return []
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise TranslationError("'input' must be a string or a list of items", "input")
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input.{i}"
+        if not isinstance(item, dict):
+            raise TranslationError("each input item must be an object", where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            messages.append(_message(item, where))
+        elif kind == "function_call":
+            call = _tool_call(item, where)
+            last = messages[-1] if messages else None
+            # A call follows the assistant text it came with, or the calls made alongside it:
+            # chat holds them all in one assistant message.
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+                if last["content"] == "":
+                    last["content"] = None
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(_tool_message(item, where))
+        elif kind == "reasoning":
+            if "reasoning items dropped" not in notes:
+                notes.append("reasoning items dropped")
+        else:
+            raise TranslationError(
+                f"input item type {kind!r} is not supported for this model's route",
+                f"{where}.type",
+            )
+    return messages
+
+
+def _message(item: dict, where: str) -> dict:
+    role = item.get("role")
+    if role not in _MESSAGE_ROLES:
+        raise TranslationError(
+            "'role' must be 'user', 'assistant', 'system' or 'developer'", f"{where}.role"
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise TranslationError("'content' must be a string or a list of parts", f"{where}.content")
+    parts = [_part(part, f"{where}.content.{j}") for j, part in enumerate(content)]
+    if role == "user":
+        return {"role": role, "content": parts}
+    # Chat takes text only from the other roles; a joined string is what every server reads.
+    texts = []
+    for j, part in enumerate(parts):
+        if part["type"] != "text":
+            raise TranslationError(
+                f"{role} messages may hold text only", f"{where}.content.{j}.type"
+            )
+        texts.append(part["text"])
+    return {"role": role, "content": "".join(texts)}
+
+
+def _part(part: Any, where: str) -> dict:
+    if not isinstance(part, dict):
+        raise TranslationError("each content part must be an object", where)
+    kind = part.get("type")
+    if kind in ("input_text", "output_text"):
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise TranslationError("a text part needs a string 'text'", f"{where}.text")
+        return {"type": "text", "text": text}
+    if kind == "refusal":
+        refusal = part.get("refusal")
+        return {"type": "text", "text": refusal if isinstance(refusal, str) else ""}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            raise TranslationError(
+                "only images given by 'image_url' (a URL or data URL) are supported for this "
+                "model's route; 'file_id' needs an OpenAI route",
+                f"{where}.image_url",
+            )
+        image_url: dict[str, Any] = {"url": url}
+        detail = part.get("detail")
+        if isinstance(detail, str):
+            image_url["detail"] = detail
+        return {"type": "image_url", "image_url": image_url}
+    raise TranslationError(
+        f"content part type {kind!r} is not supported for this model's route", f"{where}.type"
+    )
+
+
+def _tool_call(item: dict, where: str) -> dict:
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    if not isinstance(call_id, str) or not call_id:
+        raise TranslationError("a function_call needs a 'call_id'", f"{where}.call_id")
+    if not isinstance(name, str) or not name:
+        raise TranslationError("a function_call needs a 'name'", f"{where}.name")
+    if not isinstance(arguments, str):
+        raise TranslationError("a function_call needs string 'arguments'", f"{where}.arguments")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_message(item: dict, where: str) -> dict:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise TranslationError("a function_call_output needs a 'call_id'", f"{where}.call_id")
+    output = item.get("output")
+    if isinstance(output, str):
+        text = output
+    elif isinstance(output, list):
+        texts = []
+        for j, part in enumerate(output):
+            translated = _part(part, f"{where}.output.{j}")
+            if translated["type"] != "text":
+                raise TranslationError(
+                    "function_call_output may hold text only for this model's route",
+                    f"{where}.output.{j}.type",
+                )
+            texts.append(translated["text"])
+        text = "".join(texts)
+    else:
+        raise TranslationError("'output' must be a string or a list of parts", f"{where}.output")
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _translate_tools(tools: Any) -> list[dict]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise TranslationError("'tools' must be a list", "tools")
+    out = []
+    for k, tool in enumerate(tools):
+        tool = _obj(tool)
+        kind = tool.get("type")
+        if kind != "function":
+            raise TranslationError(
+                f"tool type {kind!r}: built-in tools are only served by OpenAI routes; "
+                "this model's route takes function tools only",
+                "tools",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError("a function tool needs a 'name'", f"tools.{k}.name")
+        out.append({"type": "function", "function": _function(tool)})
+    return out
+
+
+def _function(tool: dict) -> dict:
+    function: dict[str, Any] = {"name": tool["name"]}
+    description = tool.get("description")
+    if isinstance(description, str) and description:
+        function["description"] = description
+    parameters = tool.get("parameters")
+    if isinstance(parameters, dict):
+        function["parameters"] = parameters
+    strict = tool.get("strict")
+    if isinstance(strict, bool):
+        function["strict"] = strict
+    return function
+
+
+def _translate_tool_choice(choice: Any) -> str | dict | None:
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError("tool_choice needs a function 'name'", "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    raise TranslationError(
+        "tool_choice must be 'auto', 'none', 'required' or a function on this model's route",
+        "tool_choice",
+    )
+
+
+def _response_format(text: Any) -> dict | None:
+    fmt = _obj(text).get("format")
+    if fmt is None:
+        return None
+    fmt = _obj(fmt)
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = fmt.get("schema")
+        name = fmt.get("name")
+        if not isinstance(schema, dict) or not isinstance(name, str):
+            raise TranslationError("a json_schema format needs 'name' and 'schema'", "text.format")
+        json_schema: dict[str, Any] = {"name": name, "schema": schema}
+        description = fmt.get("description")
+        if isinstance(description, str):
+            json_schema["description"] = description
+        strict = fmt.get("strict")
+        if isinstance(strict, bool):
+            json_schema["strict"] = strict
+        return {"type": "json_schema", "json_schema": json_schema}
+    raise TranslationError(
+        "text.format type must be 'text', 'json_object' or 'json_schema'", "text.format.type"
+    )
+
+
+# --- whole responses --------------------------------------------------------------------------
+
+
+def chat_completion_to_response(completion: dict, request: dict, model: str) -> dict:
+    """Translate a `chat.completion` into a Responses `response` object named `model`,
+    echoing the settings of `request` (the client's Responses body) the way OpenAI does."""
+    completion = _obj(completion)
+    stem = id_stem(completion.get("id"))
+    choice = _first_choice(completion.get("choices"))
+    message = _obj(choice.get("message"))
+    output: list[dict] = []
+    text = _message_text(message)
+    if text:
+        output.append(_message_item("msg_" + stem, text, "completed"))
+    tool_calls = message.get("tool_calls")
+    for k, call in enumerate(tool_calls if isinstance(tool_calls, list) else ()):
+        call = _obj(call)
+        function = _obj(call.get("function"))
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        arguments = function.get("arguments")
+        output.append(
+            _function_item(
+                f"fc_{stem}_{k}",
+                _call_id(call.get("id")),
+                name,
+                arguments if isinstance(arguments, str) else "{}",
+                "completed",
+            )
+        )
+    return _response(
+        "resp_" + stem,
+        _created(completion.get("created")),
+        request,
+        model,
+        output=output,
+        finish_reason=choice.get("finish_reason"),
+        usage=completion.get("usage"),
+    )
+
+
+def responses_usage(usage: Any) -> dict:
+    """Chat usage -> Responses usage (both count cached input inside the input total)."""
+    usage = _obj(usage)
+    details = _obj(usage.get("prompt_tokens_details"))
+    output_details = _obj(usage.get("completion_tokens_details"))
+    prompt = token_count(usage.get("prompt_tokens"))
+    completion = token_count(usage.get("completion_tokens"))
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {
+            "cached_tokens": min(token_count(details.get("cached_tokens")), prompt),
+            "cache_write_tokens": min(token_count(details.get("cache_write_tokens")), prompt),
+        },
+        "output_tokens": completion,
+        "output_tokens_details": {
+            "reasoning_tokens": min(token_count(output_details.get("reasoning_tokens")), completion)
+        },
+        "total_tokens": prompt + completion,
+    }
+
+
+def _response(
+    response_id: str,
+    created_at: int,
+    request: Any,
+    model: str,
+    *,
+    output: list[dict],
+    finish_reason: Any = None,
+    usage: Any = None,
+    in_progress: bool = False,
+) -> dict:
+    request = _obj(request)
+    incomplete = _INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+    if in_progress:
+        status = "in_progress"
+    else:
+        status = "incomplete" if incomplete else "completed"
+    instructions = request.get("instructions")
+    metadata = request.get("metadata")
+    parallel = request.get("parallel_tool_calls")
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": incomplete} if incomplete and not in_progress else None,
+        "instructions": instructions if isinstance(instructions, str) else None,
+        "max_output_tokens": _positive_int(request.get("max_output_tokens")),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "store": False,
+        "temperature": _number(request.get("temperature")),
+        "text": _echo_text(request.get("text")),
+        "tool_choice": _echo_tool_choice(request.get("tool_choice")),
+        "tools": _echo_tools(request.get("tools")),
+        "top_p": _number(request.get("top_p")),
+        "truncation": "disabled",
+        "usage": None if in_progress else responses_usage(usage),
+        "metadata": metadata if _is_str_map(metadata) else {},
+    }
+
+
+def _message_item(item_id: str, text: str | None, status: str) -> dict:
+    content = [] if text is None else [_text_part(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _function_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def _echo_tools(tools: Any) -> list[dict]:
+    out = []
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            continue
+        if not isinstance(tool.get("name"), str):
+            continue
+        function = _function(tool)
+        entry: dict[str, Any] = {"type": "function", "name": function["name"]}
+        entry["description"] = function.get("description")
+        entry["parameters"] = function.get("parameters")
+        entry["strict"] = function.get("strict")
+        out.append(entry)
+    return out
+
+
+def _echo_tool_choice(choice: Any) -> str | dict:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "name": name}
+    return "auto"
+
+
+def _echo_text(text: Any) -> dict:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return {"format": {"type": "json_object"}}
+    if kind == "json_schema":
+        try:
+            translated = _response_format(text)
+        except TranslationError:
+            translated = None
+        if translated is not None:
+            return {"format": {"type": "json_schema", **translated["json_schema"]}}
+    return {"format": {"type": "text"}}
+
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if type(value) is int and value > 0 else None
+
+
+def _created(value: Any) -> int:
+    return value if type(value) is int and value > 0 else int(time.time())
+
+
+def _call_id(value: Any) -> str:
+    return value if isinstance(value, str) and value else "call_" + secrets.token_hex(12)
+
+
+def _message_text(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        return content
+    if isinstance(content, list):  # some servers answer with parts
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        text = "".join(t for t in texts if isinstance(t, str))
+        if text:
+            return text
+    refusal = message.get("refusal")
+    return refusal if isinstance(refusal, str) else ""
+
+
+def _first_choice(choices: Any) -> dict:
+    if not isinstance(choices, list):
+        return {}
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return {}
+
+
+def _obj(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+# --- streams ----------------------------------------------------------------------------------
+
+
+class ChatToResponsesStream:
+    """Turns `chat.completion.chunk` dicts into Responses SSE events, one chunk at a time.
+
+    Output items open as their first delta arrives and close when another item starts or the
+    choice finishes; `response.completed` waits for chat's usage chunk (sent after the finish
+    chunk) or `finish()`. Every event carries `sequence_number`, counting from 0.
+    """
+
+    def __init__(self, request: dict, model: str) -> None:
+        self.request = request
+        self.model = model
+        self._seq = 0
+        self._started = False
+        self._done = False
+        self._stem = ""
+        self._created_at = 0
+        self._items: list[dict] = []  # the output so far, each item as it is (or will be) done
+        self._open: int | None = None  # output index of the open item
+        self._tool_items: dict[int, int] = {}  # chat tool-call index -> output index
+        self._finish_reason: Any = None
+        self._usage: dict | None = None
+
+    def feed(self, chunk: dict) -> list[bytes]:
+        """Translate one chunk into zero or more whole SSE events."""
+        if self._done or not isinstance(chunk, dict):
+            return []
+        events = self._start(chunk.get("id"), chunk.get("created"))
+        choice = _first_choice(chunk.get("choices"))
+        delta = _obj(choice.get("delta"))
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            events.extend(self._text(content))
+        tool_calls = delta.get("tool_calls")
+        for call in tool_calls if isinstance(tool_calls, list) else ():
+            events.extend(self._tool_call(_obj(call)))
+        finish_reason = choice.get("finish_reason")
+        if finish_reason is not None and self._finish_reason is None:
+            self._finish_reason = finish_reason
+            events.extend(self._close_item())
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        if self._finish_reason is not None and self._usage is not None:
+            events.extend(self.finish())
+        return events
+
+    def finish(self) -> list[bytes]:
+        """The closing events: the open item's, then `response.completed` (or `.incomplete`)."""
+        if self._done:
+            return []
+        events = self._start(None, None)
+        events.extend(self._close_item())
+        response = self._snapshot(final=True)
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        events.append(self._event(kind, {"response": response}))
+        self._done = True
+        return events
+
+    def _snapshot(self, *, final: bool) -> dict:
+        return _response(
+            "resp_" + self._stem,
+            self._created_at,
+            self.request,
+            self.model,
+            output=[dict(item) for item in self._items] if final else [],
+            finish_reason=self._finish_reason,
+            usage=self._usage,
+            in_progress=not final,
+        )
+
+    def _event(self, kind: str, fields: dict) -> bytes:
+        data = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return sse_event(kind, data)
+
+    def _start(self, chat_id: Any, created: Any) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        self._stem = id_stem(chat_id)
+        self._created_at = _created(created)
+        snapshot = self._snapshot(final=False)
+        return [
+            self._event("response.created", {"response": snapshot}),
+            self._event("response.in_progress", {"response": snapshot}),
+        ]
+
+    def _text(self, text: str) -> list[bytes]:
+        events = []
+        index = self._open
+        if index is None or self._items[index]["type"] != "message":
+            events.extend(self._close_item())
+            index = len(self._items)
+            item_id = "msg_" + self._stem if index == 0 else f"msg_{self._stem}_{index}"
+            self._items.append(_message_item(item_id, "", "completed"))
+            self._open = index
+            added = _message_item(item_id, None, "in_progress")
+            events.append(self._event("response.output_item.added", self._at(index, added)))
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    {**self._in_item(index), "part": _text_part("")},
+                )
+            )
+        self._items[index]["content"][0]["text"] += text
+        fields = {**self._in_item(index), "delta": text, "logprobs": []}
+        events.append(self._event("response.output_text.delta", fields))
+        return events
+
+    def _tool_call(self, call: dict) -> list[bytes]:
+        tool_index = call.get("index", 0)
+        if type(tool_index) is not int:
+            tool_index = 0
+        function = _obj(call.get("function"))
+        events = []
+        index = self._tool_items.get(tool_index)
+        if index is None:
+            events.extend(self._close_item())
+            index = self._tool_items[tool_index] = len(self._items)
+            name = function.get("name")
+            item = _function_item(
+                f"fc_{self._stem}_{tool_index}",
+                _call_id(call.get("id")),
+                name if isinstance(name, str) else "",
+                "",
+                "completed",
+            )
+            self._items.append(item)
+            self._open = index
+            added = {**item, "status": "in_progress"}
+            events.append(self._event("response.output_item.added", self._at(index, added)))
+        fragment = function.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            self._items[index]["arguments"] += fragment
+            fields = {"item_id": self._items[index]["id"], "output_index": index, "delta": fragment}
+            events.append(self._event("response.function_call_arguments.delta", fields))
+        return events
+
+    def _close_item(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        index, self._open = self._open, None
+        item = self._items[index]
+        events = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            fields = {**self._in_item(index), "text": part["text"], "logprobs": []}
+            events.append(self._event("response.output_text.done", fields))
+            fields = {**self._in_item(index), "part": dict(part)}
+            events.append(self._event("response.content_part.done", fields))
+        else:
+            fields = {"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}
+            events.append(self._event("response.function_call_arguments.done", fields))
+        events.append(self._event("response.output_item.done", self._at(index, dict(item))))
+        return events
+
+    def _at(self, index: int, item: dict) -> dict:
+        return {"output_index": index, "item": item}
+
+    def _in_item(self, index: int) -> dict:
+        return {"item_id": self._items[index]["id"], "output_index": index, "content_index": 0}
