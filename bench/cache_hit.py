@@ -10,9 +10,18 @@ varying ``user``. Each request goes through a policy chain, then through two sim
 - Anthropic: only at ``cache_control`` breakpoints, each read looking back at most 20 blocks,
   nothing below the model's minimum length; writes cost 1.25x (5m) or 2x (1h), reads 0.1x.
 
-Rows: no policies, the safe set, the opt-ins, and the ideal (a client that never breaks its
-prefix, through the safe set, so that Anthropic gets breakpoints at all). Not simulated: cache
-expiry (sessions here last minutes) and OpenAI's overflow past ~15 requests a minute per prefix.
+The same workload is also replayed in the providers' own APIs: as Responses bodies through the
+chain with endpoint "responses" (for the OpenAI cache) and as Messages bodies with endpoint
+"messages" (for the Anthropic cache). Each chat request is converted (system prompt to
+``instructions``/``system``, tool calls and results to function_call/function_call_output items
+or tool_use/tool_result blocks, tools to flat or Anthropic tools), sent through the chain, and
+the chain's output lifted back to a chat view (``policies.shapes.lift``) for the simulated cache;
+tool blocks and items are cache blocks of their JSON.
+
+Rows, for each API and cache: no policies, the safe set, the opt-ins, and the ideal (a client
+that never breaks its prefix, through the safe set, so that Anthropic gets breakpoints at all).
+Not simulated: cache expiry (sessions here last minutes) and OpenAI's overflow past ~15 requests
+a minute per prefix.
 Targets: opt-ins reach >= 90% of the ideal cached share; the safe set loses nothing against no
 policies. Tokens are counted per block with cl100k_base (a simulation, not a provider bill).
 
@@ -38,6 +47,8 @@ from policies.provider_limits import (
     anthropic_min_tokens,
     openai_cached_tokens,
 )
+from policies.request import is_text_part
+from policies.shapes import lift
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cache_hit.json"
 TENANTS, SESSIONS, USER_TURNS, TOOLS, MEMORIES = 6, 2, 5, 12, 6
@@ -62,7 +73,14 @@ OPT_INS = {
     "CANONICALIZE_SORT_PASSAGES": "true",
 }
 TARGET_SHARE_OF_IDEAL = 0.90
-TIME_LIMIT_S = 150.0
+TIME_LIMIT_S = 300.0
+# (API, simulated cache): chat goes to both providers, each native API to its own.
+APIS = (
+    ("chat", "openai"),
+    ("chat", "anthropic"),
+    ("responses", "openai"),
+    ("messages", "anthropic"),
+)
 
 # ------------------------------------------------------- workload (also used by policy_overhead)
 WORDS = (
@@ -273,14 +291,22 @@ def render_blocks(body: dict) -> list[tuple[tuple[int, ...], dict | None]]:
         for t in body.get("tools") or ()
     ]
     for message in body["messages"]:
+        if "role" not in message:  # a Responses item (function_call, its output...)
+            blocks.append((tokens_of(orjson.dumps(message).decode()), None))
+            continue
         role = message["role"]
         content = message.get("content")
         if isinstance(content, str):
             blocks.append((tokens_of(f"{role}: {content}"), message.get("cache_control")))
         elif isinstance(content, list):
             for part in content:
-                text = part.get("text", "[media]") if isinstance(part, dict) else str(part)
-                blocks.append((tokens_of(f"{role}: {text}"), part.get("cache_control")))
+                if is_text_part(part):
+                    text = f"{role}: {part['text']}"
+                elif isinstance(part, dict) and part.get("type") in ("tool_use", "tool_result"):
+                    text = orjson.dumps(without_marker(part)).decode()
+                else:
+                    text = f"{role}: [media]"
+                blocks.append((tokens_of(text), part.get("cache_control")))
         for call in message.get("tool_calls") or ():
             blocks.append((tokens_of(orjson.dumps(call).decode()), None))
     return blocks
@@ -353,9 +379,108 @@ class AnthropicCache:
         return {"prompt": total, "cached": read, "written": written, "cost": cost}
 
 
+# ---------------------------------------------------------------- native API shapes
+def _flat_tool(tool: dict) -> dict:
+    """A chat tool as a flat Responses tool, keys in the order the client had them."""
+    flat: dict = {}
+    for key, value in tool.items():
+        if key == "function":
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def _anthropic_tool(tool: dict) -> dict:
+    renamed = {"parameters": "input_schema"}
+    return {renamed.get(key, key): value for key, value in tool["function"].items()}
+
+
+def to_responses(body: dict) -> dict:
+    """A chat client request as the same client would send it to /v1/responses."""
+    out: dict = {"model": body["model"]}
+    items: list[dict] = []
+    for message in body["messages"]:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            out["instructions"] = content
+        elif role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": content,
+                }
+            )
+        elif message.get("tool_calls"):
+            for call in message["tool_calls"]:
+                function = call["function"]
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": function["name"],
+                        "arguments": function["arguments"],
+                    }
+                )
+        else:
+            kind = "output_text" if role == "assistant" else "input_text"
+            items.append(
+                {"type": "message", "role": role, "content": [{"type": kind, "text": content}]}
+            )
+    out["input"] = items
+    out["tools"] = [_flat_tool(tool) for tool in body["tools"]]
+    if "user" in body:
+        out["user"] = body["user"]
+    return out
+
+
+def to_messages(body: dict) -> dict:
+    """A chat client request as the same client would send it to /v1/messages."""
+    out: dict = {"model": body["model"], "max_tokens": 1024}
+    turns: list[dict] = []
+    for message in body["messages"]:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            out["system"] = content
+        elif role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": message["tool_call_id"],
+                "content": content,
+            }
+            turns.append({"role": "user", "content": [block]})
+        elif message.get("tool_calls"):
+            blocks = [
+                {
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": call["function"]["name"],
+                    "input": json.loads(call["function"]["arguments"]),
+                }
+                for call in message["tool_calls"]
+            ]
+            turns.append({"role": "assistant", "content": blocks})
+        else:
+            turns.append({"role": role, "content": content})
+    out["messages"] = turns
+    out["tools"] = [_anthropic_tool(tool) for tool in body["tools"]]
+    if "user" in body:
+        out["metadata"] = {"user_id": body["user"]}
+    return out
+
+
+CONVERT = {"chat": lambda body: body, "responses": to_responses, "messages": to_messages}
+
+
 # ---------------------------------------------------------------- replay
 def replay(
-    provider: str, chain_names: tuple[str, ...], options: dict, breaker: bool, deadline: float
+    api: str,
+    provider: str,
+    chain_names: tuple[str, ...],
+    options: dict,
+    breaker: bool,
+    deadline: float,
 ) -> dict:
     chain = build_chain(chain_names, options)
     sessions = build_sessions(seed=1)
@@ -371,10 +496,10 @@ def replay(
                     raise TimeoutError("cache_hit bench ran past its time limit")
                 advance(session, turn, step)
                 clock += rng.uniform(1.0, 9.0)
-                body = client_request(session, clock, breaker, rng)
-                ctx = PolicyContext("chat", provider, model, session.tenant)
-                sent = orjson.loads(orjson.dumps(chain.apply(body, ctx, fingerprints=False).body))
-                usage = cache.request(sent)
+                body = CONVERT[api](client_request(session, clock, breaker, rng))
+                ctx = PolicyContext(api, provider, model, session.tenant)
+                sent = chain.apply(body, ctx, fingerprints=False).body
+                usage = cache.request(orjson.loads(orjson.dumps(lift(sent, api))))
                 totals["requests"] += 1
                 for key in ("prompt", "cached", "written", "cost"):
                     totals[key] += usage[key]
@@ -391,15 +516,16 @@ def main() -> int:
         ("ideal", DEFAULT_POLICIES, {}, False),
     ]
     rows = []
-    for provider in ("openai", "anthropic"):
+    for api, provider in APIS:
         results = {
-            name: replay(provider, names, options, breaker, deadline)
+            name: replay(api, provider, names, options, breaker, deadline)
             for name, names, options, breaker in scenarios
         }
         ideal = results["ideal"]["cached_share"]
         for name, totals in results.items():
             rows.append(
                 {
+                    "api": api,
                     "provider": provider,
                     "scenario": name,
                     **totals,
@@ -407,8 +533,8 @@ def main() -> int:
                 }
             )
     header = (
-        f"{'provider':<10} {'scenario':<8} {'reqs':>5} {'prompt tok':>11} {'cached tok':>11} "
-        f"{'written':>9} {'cached %':>9} {'cost $':>8} {'of ideal':>9}"
+        f"{'api':<10} {'provider':<10} {'scenario':<8} {'reqs':>5} {'prompt tok':>11} "
+        f"{'cached tok':>11} {'written':>9} {'cached %':>9} {'cost $':>8} {'of ideal':>9}"
     )
     print(
         f"workload: {TENANTS} tenants x {SESSIONS} sessions x {USER_TURNS} turns x 2 requests, "
@@ -417,23 +543,27 @@ def main() -> int:
     print(header)
     for row in rows:
         print(
-            f"{row['provider']:<10} {row['scenario']:<8} {row['requests']:>5} {row['prompt']:>11} "
-            f"{row['cached']:>11} {row['written']:>9} {100 * row['cached_share']:>8.1f}% "
-            f"{row['cost']:>8.3f} {100 * row['share_of_ideal']:>8.1f}%"
+            f"{row['api']:<10} {row['provider']:<10} {row['scenario']:<8} {row['requests']:>5} "
+            f"{row['prompt']:>11} {row['cached']:>11} {row['written']:>9} "
+            f"{100 * row['cached_share']:>8.1f}% {row['cost']:>8.3f} "
+            f"{100 * row['share_of_ideal']:>8.1f}%"
         )
     checks, warnings = [], []
-    for provider in ("openai", "anthropic"):
-        by = {row["scenario"]: row for row in rows if row["provider"] == provider}
+    for api, provider in APIS:
+        by = {
+            row["scenario"]: row for row in rows if (row["api"], row["provider"]) == (api, provider)
+        }
+        name = f"{api}/{provider}"
         checks.append(
             (
-                f"{provider}: opt-ins reach >= {TARGET_SHARE_OF_IDEAL:.0%} of ideal cached share "
+                f"{name}: opt-ins reach >= {TARGET_SHARE_OF_IDEAL:.0%} of ideal cached share "
                 f"({by['opt-ins']['share_of_ideal']:.1%})",
                 by["opt-ins"]["share_of_ideal"] >= TARGET_SHARE_OF_IDEAL,
             )
         )
         checks.append(
             (
-                f"{provider}: safe set loses nothing against no policies (cached tokens "
+                f"{name}: safe set loses nothing against no policies (cached tokens "
                 f"{by['safe']['cached']} >= {by['none']['cached']}, sent {by['safe']['prompt']} <= "
                 f"{by['none']['prompt']})",
                 by["safe"]["cached"] >= by["none"]["cached"]
@@ -443,7 +573,7 @@ def main() -> int:
         # Reported, not a target: Anthropic cache writes cost 1.25x, so breakpoints on a prefix
         # the client breaks anyway (shuffled tools) can cost more than sending no breakpoints.
         warnings.append(
-            f"{provider}: estimated cost safe {by['safe']['cost']:.3f}"
+            f"{name}: estimated cost safe {by['safe']['cost']:.3f}"
             f" vs none {by['none']['cost']:.3f}"
             f" ({'higher' if by['safe']['cost'] > by['none']['cost'] else 'not higher'})"
         )

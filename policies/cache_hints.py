@@ -1,7 +1,9 @@
 """cache_hints: tell the provider where the stable prefix ends.
 
-- ``anthropic`` routes: when the client set no ``cache_control`` anywhere (tools, messages,
-  content parts, top level), add up to four breakpoints, each only where the prefix before it
+- ``anthropic`` routes, for chat bodies (translated to Anthropic's API later) and native
+  Messages bodies alike: when the client set no ``cache_control`` anywhere (tools, system
+  blocks, messages, content blocks and the blocks inside a tool_result, top level), add up to
+  four breakpoints, each only where the prefix before it
   reaches the model's minimum cacheable length: the end of the tools, the end of the system
   prompt, the end of the previous turn (a second read point when a turn adds more than the
   20-block lookback) and the last message stable across turns (the last one before the
@@ -9,9 +11,12 @@
   clock, a request id): that write could never be read. Tools and system may use a longer
   TTL (``FIRSTTOKEN_CACHE_HINTS_HEAD_TTL``); longer TTLs come first, as Anthropic requires.
   Markers use the shared extension: a ``cache_control`` key on a content part (string
-  content becomes one text part) or on a tool.
-- ``openai`` routes: when the client set no ``prompt_cache_key``, set the prefix family key, so
-  requests sharing a prefix are routed to the same cache machine. ``user`` is left as sent
+  content becomes one text part; never on a thinking block, which Anthropic refuses) or on a
+  tool. On a Messages body the system prompt's breakpoint lands on the top-level ``system``
+  blocks (``policies.shapes`` lowers it there).
+- ``openai`` routes, for chat, completions and native Responses bodies: when the client set no
+  ``prompt_cache_key``, set the prefix family key, so requests sharing a prefix are routed to
+  the same cache machine. ``user`` is left as sent
   (billing and audit see it); the key simply does not include it.
 - ``local`` routes: nothing; the engine keeps its own prefix cache.
 
@@ -80,28 +85,45 @@ def has_cache_control(body: dict) -> bool:
         if isinstance(tool, dict) and tool.get("cache_control") is not None:
             return True
     for message in body.get("messages") or ():
-        if not isinstance(message, dict):
-            continue
-        if message.get("cache_control") is not None:
-            return True
-        content = message.get("content")
-        if isinstance(content, list) and any(
-            isinstance(part, dict) and part.get("cache_control") is not None for part in content
+        if isinstance(message, dict) and (
+            message.get("cache_control") is not None or _parts_have_marker(message.get("content"))
         ):
             return True
     return False
+
+
+def _parts_have_marker(content: Any, depth: int = 0) -> bool:
+    """A marker on a content part, or on a block inside one (an Anthropic tool_result's)."""
+    if not isinstance(content, list) or depth > 1:
+        return False
+    return any(
+        isinstance(part, dict)
+        and (
+            part.get("cache_control") is not None
+            or _parts_have_marker(part.get("content"), depth + 1)
+        )
+        for part in content
+    )
 
 
 def _marker(ttl: str) -> dict:
     return {"type": "ephemeral", "ttl": ttl} if ttl != "5m" else {"type": "ephemeral"}
 
 
+_UNMARKABLE_PARTS = ("thinking", "redacted_thinking")
+
+
 def _mark_content(content: Any, marker: dict) -> Any:
+    """``content`` with the marker on its last part that may carry one; None if none may."""
     if isinstance(content, str):
         return [{"type": "text", "text": content, "cache_control": marker}]
-    parts = list(content)
-    parts[-1] = {**parts[-1], "cache_control": marker}
-    return parts
+    for index in range(len(content) - 1, -1, -1):
+        part = content[index]
+        if isinstance(part, dict) and part.get("type") not in _UNMARKABLE_PARTS:
+            parts = list(content)
+            parts[index] = {**part, "cache_control": marker}
+            return parts
+    return None
 
 
 def _breakpoint_messages(messages: list[Any]) -> tuple[int | None, int | None, int | None]:
@@ -168,10 +190,10 @@ def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[di
             ttl = targets.get(index)
             if ttl is None or prefix < minimum or len(placed) >= ANTHROPIC_MAX_BREAKPOINTS:
                 continue
-            new_messages[index] = {
-                **message,
-                "content": _mark_content(message["content"], _marker(ttl)),
-            }
+            marked = _mark_content(message["content"], _marker(ttl))
+            if marked is None:
+                continue
+            new_messages[index] = {**message, "content": marked}
             placed.append(f"messages[{index}]")
         result["messages"] = new_messages
     return result, placed
@@ -185,13 +207,13 @@ class CacheHintsPolicy:
 
     def apply(self, body: dict, ctx: Any) -> tuple[dict, dict]:
         notes: dict[str, Any] = {}
-        if ctx.route_kind == "openai":
+        if ctx.route_kind == "openai" and ctx.endpoint != "messages":
             if body.get("prompt_cache_key") is None:
                 key = prefix_family_key(body, ctx.tenant, ctx.model)
                 notes["prompt_cache_key"] = key
                 return {**body, "prompt_cache_key": key}, notes
             return dict(body), notes
-        if ctx.route_kind == "anthropic" and ctx.endpoint == "chat":
+        if ctx.route_kind == "anthropic" and ctx.endpoint in ("chat", "messages"):
             if has_cache_control(body):
                 notes["client_breakpoints"] = True
                 return dict(body), notes

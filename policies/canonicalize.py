@@ -7,6 +7,12 @@ content parts, tool calls, tool wrappers, ``tool_choice``, ``response_format``) 
 key order; unknown keys follow in sorted order. It never reorders a list, never touches text,
 numbers or the inside of a JSON schema (key order there can steer structured output).
 
+Messages and Responses bodies arrive as their chat-shaped view (``policies.shapes``): their
+messages, text parts and tools (Anthropic's ``name``/``input_schema`` tools, the Responses API's
+flat function tools) get a fixed key order too; content blocks that are not text or chat media
+(tool_use, tool_result, thinking, Anthropic images and documents) and non-message Responses items
+(``function_call``, ``reasoning``...) are left exactly as sent.
+
 Opt-ins, each named: sort ``tools`` by function name; sort object keys inside tool definitions
 (wrapper and schema alike; lists such as ``enum`` or ``required`` keep their order); move
 volatile values out of the system prompt (``policies.volatile``); put retrieved passages into a
@@ -20,11 +26,13 @@ from typing import Any
 
 from policies.config import CanonicalizeOptions
 from policies.passages import sort_passage_runs
-from policies.request import SYSTEM_ROLES, map_message_text, tool_function_name
+from policies.request import SYSTEM_ROLES, is_item, map_message_text, tool_function_name
 from policies.volatile import PlaceholderTable, insert_note, is_volatile_note, note_message
 
 REQUEST_ORDER = (
     "model",
+    "instructions",
+    "system",
     "messages",
     "prompt",
     "suffix",
@@ -62,6 +70,7 @@ REQUEST_ORDER = (
     "prompt_cache_retention",
 )
 MESSAGE_ORDER = (
+    "type",
     "role",
     "name",
     "content",
@@ -71,7 +80,8 @@ MESSAGE_ORDER = (
     "tool_call_id",
 )
 PART_ORDER = ("type", "text", "image_url", "input_audio", "file", "url", "detail")
-TOOL_ORDER = ("type", "function")
+# Chat tools are {type, function}; flat Responses and Anthropic tools hold their fields directly.
+TOOL_ORDER = ("type", "function", "name", "description", "parameters", "input_schema", "strict")
 FUNCTION_ORDER = ("name", "description", "parameters", "strict")
 TOOL_CALL_ORDER = ("id", "type", "function")
 CALL_FUNCTION_ORDER = ("name", "arguments")
@@ -82,6 +92,10 @@ _PART_PAYLOAD_ORDER = {
     "input_audio": ("data", "format"),
     "file": ("file_id", "filename", "file_data"),
 }
+# Parts whose keys are put in order; any other part (a tool or thinking block) is left as sent.
+_ORDERED_PART_TYPES = frozenset(
+    {"text", "input_text", "output_text", "image_url", "input_audio", "file", "refusal"}
+)
 # The Anthropic cache marker extension always comes last in its object.
 _LAST = ("cache_control",)
 
@@ -131,6 +145,8 @@ def sort_keys_deep(value: Any) -> Any:
 
 
 def _canonical_part(part: Any) -> Any:
+    if not isinstance(part, dict) or part.get("type") not in _ORDERED_PART_TYPES:
+        return part
     result = ordered(part, PART_ORDER)
     if not isinstance(result, dict):
         return result
@@ -158,6 +174,8 @@ def _replace(obj: dict, key: str, value: Any) -> dict:
 
 
 def _canonical_message(message: Any) -> Any:
+    if is_item(message):
+        return message
     result = ordered(message, MESSAGE_ORDER)
     if not isinstance(result, dict):
         return result
@@ -213,7 +231,10 @@ class CanonicalizePolicy:
         messages = result.get("messages")
         if isinstance(messages, list):
             if self.options.sort_passages:
-                messages = [map_message_text(message, sort_passage_runs) for message in messages]
+                messages = [
+                    message if is_item(message) else map_message_text(message, sort_passage_runs)
+                    for message in messages
+                ]
             if self.options.volatile:
                 messages, replaced = _move_volatile(messages, ctx.route_kind)
                 if replaced:

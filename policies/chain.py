@@ -4,6 +4,10 @@ Built once at start-up by ``build_chain`` (where every option is validated), the
 every request. Pure and synchronous: no I/O, and the input body is never mutated. The output is a
 new top-level dict; objects a policy did not change may be shared with the input, so treat both
 as read-only.
+
+Anthropic Messages and OpenAI Responses bodies are lifted into a chat-shaped view, run through
+the same policies and lowered back (``policies.shapes``); token counts and fingerprints are taken
+on the views, so the reports mean the same for every shape.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from policies.cache_hints import CacheHintsPolicy, prefix_family_key
 from policies.canonicalize import CanonicalizePolicy
 from policies.config import POLICY_NAMES, PolicyConfigError, PolicyOptions, parse_options
 from policies.diagnostics import PrefixFingerprints
+from policies.shapes import lift, lower
 from policies.slim import SlimPolicy
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_request_tokens
 from policies.volatile import is_volatile_note
@@ -24,7 +29,7 @@ from policies.volatile import is_volatile_note
 
 @dataclass(frozen=True)
 class PolicyContext:
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # "chat" | "completions" | "messages" | "responses"
     route_kind: str  # "openai" | "anthropic" | "local"
     model: str  # the model name as the upstream will see it
     tenant: str
@@ -34,7 +39,11 @@ class PolicyContext:
 class PolicyResult:
     """What a chain did. ``transform`` fills the body and cache key; the report (token counts,
     fingerprints) is computed by ``measure``, which a gateway may run after it has sent the
-    body upstream, so that counting never delays the first token."""
+    body upstream, so that counting never delays the first token.
+
+    ``body`` is what to send, in the client's shape; ``view`` and ``original_view`` are the
+    chat-shaped views after and before the policies (the bodies themselves for chat), which
+    ``measure`` reads."""
 
     body: dict
     applied: list[str]
@@ -44,6 +53,8 @@ class PolicyResult:
     fingerprints: PrefixFingerprints | None = None
     notes: dict = field(default_factory=dict)
     original: dict | None = field(default=None, repr=False)
+    view: dict | None = field(default=None, repr=False)
+    original_view: dict | None = field(default=None, repr=False)
     measured: bool = False
 
     @property
@@ -53,10 +64,13 @@ class PolicyResult:
     def measure(self, *, fingerprints: bool = True) -> PolicyResult:
         """Count tokens before and after, and fingerprint the prefix (idempotent)."""
         if not self.measured:
-            original = self.original if self.original is not None else self.body
-            self.prompt_tokens_before = count_request_tokens(original)
-            self.fingerprints = PrefixFingerprints.from_body(self.body) if fingerprints else None
-            self.prompt_tokens_after = _tokens_after(self.body, self.fingerprints)
+            after = self.view if self.view is not None else self.body
+            before = self.original_view
+            if before is None:
+                before = self.original if self.original is not None else after
+            self.prompt_tokens_before = count_request_tokens(before)
+            self.fingerprints = PrefixFingerprints.from_body(after) if fingerprints else None
+            self.prompt_tokens_after = _tokens_after(after, self.fingerprints)
             self.measured = True
         return self
 
@@ -91,7 +105,8 @@ class PolicyChain:
 
     def transform(self, body: dict, ctx: PolicyContext) -> PolicyResult:
         """Transform ``body`` (what the upstream needs); the report waits for ``measure``."""
-        current = dict(body)
+        view = lift(body, ctx.endpoint)
+        current = dict(view)
         notes: dict[str, Any] = {}
         for policy in self.policies:
             current, policy_notes = policy.apply(current, ctx)
@@ -104,7 +119,13 @@ class PolicyChain:
             else prefix_family_key(current, ctx.tenant, ctx.model)
         )
         return PolicyResult(
-            body=current, applied=list(self.names), cache_key=cache_key, notes=notes, original=body
+            body=lower(current, body, ctx.endpoint),
+            applied=list(self.names),
+            cache_key=cache_key,
+            notes=notes,
+            original=body,
+            view=current,
+            original_view=view,
         )
 
     def apply(self, body: dict, ctx: PolicyContext, *, fingerprints: bool = True) -> PolicyResult:

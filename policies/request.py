@@ -1,8 +1,9 @@
 """Read and rewrite the text inside an OpenAI-format request without mutating it.
 
 A message's ``content`` is a string, a list of content parts, or ``None``. Policies only ever
-rewrite text (``{"type": "text"}`` parts and string content); images, audio and files pass
-through.
+rewrite text (string content and text parts: chat's and Anthropic's ``{"type": "text"}``, the
+Responses API's ``input_text`` and ``output_text``, each keeping its own type); images, audio,
+files, tool blocks and thinking blocks pass through.
 Rewrites are copy-on-write: unchanged objects are shared with the input, changed ones are new.
 """
 
@@ -14,12 +15,33 @@ from typing import Any
 SYSTEM_ROLES = ("system", "developer")
 # Keys whose presence means a message carries something besides its content.
 _PAYLOAD_KEYS = ("tool_calls", "function_call", "audio", "refusal")
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+# Content parts that are text or media. Any other part (Anthropic's tool_use, tool_result,
+# thinking blocks...) is a payload: a message holding one is never dropped or collapsed.
+_CONTENT_PART_TYPES = TEXT_PART_TYPES | {
+    "image_url",
+    "input_audio",
+    "file",
+    "refusal",
+    "image",
+    "document",
+    "input_image",
+    "input_file",
+}
 
 
 def is_text_part(part: Any) -> bool:
     return (
-        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        isinstance(part, dict)
+        and part.get("type") in TEXT_PART_TYPES
+        and isinstance(part.get("text"), str)
     )
+
+
+def is_item(message: Any) -> bool:
+    """True for a Responses input item that is not a message (``function_call``,
+    ``function_call_output``, ``reasoning``...): policies pass it through untouched."""
+    return isinstance(message, dict) and message.get("type", "message") != "message"
 
 
 def content_texts(content: Any) -> Iterator[str]:
@@ -77,8 +99,19 @@ def is_empty_content(content: Any) -> bool:
 
 
 def carries_payload(message: dict) -> bool:
-    """True when a message holds tool calls, audio or a refusal besides its content."""
-    return any(message.get(key) for key in _PAYLOAD_KEYS)
+    """True when a message holds tool calls, audio, a refusal or a tool or thinking block besides
+    its text, or is a non-message Responses item."""
+    if any(message.get(key) for key in _PAYLOAD_KEYS) or is_item(message):
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and is_payload_part(part) for part in content
+    )
+
+
+def is_payload_part(part: dict) -> bool:
+    kind = part.get("type")
+    return isinstance(kind, str) and kind not in _CONTENT_PART_TYPES
 
 
 def messages_of(body: dict) -> list[Any] | None:

@@ -10,6 +10,14 @@ duplicate consecutive messages of the same role. Tool-call arguments are never t
 Opt-ins: minify JSON in tool results and in ```json blocks (whitespace only: numbers, escapes and
 key order stay byte-for-byte), deduplicate retrieved passages (see ``policies.passages``), and
 trim history to a token budget (see ``policies.trim``).
+
+Messages and Responses bodies are slimmed through their chat-shaped view (``policies.shapes``):
+their text blocks and ``input_text``/``output_text`` parts get the same rules; tool_use,
+tool_result and thinking blocks and non-message Responses items are payload, never dropped,
+collapsed or rewritten (so minify_json does not reach their tool results). History trimming is
+chat-only: its units are chat's tool rounds (an assistant ``tool_calls`` message and its ``tool``
+results), which these shapes do not have, so a cut could separate a tool_use from its
+tool_result (or a function_call from its output) and the provider would reject the request.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ from policies.prose import slim_prose
 from policies.request import (
     carries_payload,
     is_empty_content,
+    is_item,
     map_message_text,
     messages_of,
     role_of,
     tools_of,
 )
+from policies.shapes import NATIVE_ENDPOINTS
 from policies.tokens import count_tool
 from policies.trim import trim_history
 from policies.volatile import is_volatile_note
@@ -130,18 +140,24 @@ class SlimPolicy:
             return self._apply_prompt(body), notes
         slimmed: list[Any] = []
         for message in messages:
+            if is_item(message):
+                slimmed.append(message)
+                continue
             message = map_message_text(message, slim_text)
             if self.options.minify_json:
                 rewrite = minify_json_text if role_of(message) == "tool" else _minify_json_blocks
                 message = map_message_text(message, rewrite)
             slimmed.append(message)
-        kept, trimmed = self._settle(slimmed, body, notes)
+        # Trimming is chat-only (see the module docstring).
+        native = getattr(ctx, "endpoint", "chat") in NATIVE_ENDPOINTS
+        budget = None if native else self.options.max_prompt_tokens
+        kept, trimmed = self._settle(slimmed, body, notes, budget)
         if trimmed:
             notes["trimmed_messages"] = trimmed
         return {**body, "messages": kept}, notes
 
     def _settle(
-        self, messages: list[Any], body: dict, notes: dict[str, Any]
+        self, messages: list[Any], body: dict, notes: dict[str, Any], budget: int | None
     ) -> tuple[list[Any], int]:
         """Drop and collapse, deduplicate passages, trim; repeat until trimming drops nothing.
 
@@ -150,7 +166,6 @@ class SlimPolicy:
         adjacent, which is what makes slim idempotent. Each round that repeats drops a message,
         so the loop ends.
         """
-        budget = self.options.max_prompt_tokens
         tools_tokens = sum(count_tool(tool) for tool in tools_of(body) or ()) if budget else 0
         trimmed = 0
         while True:
@@ -158,7 +173,10 @@ class SlimPolicy:
             current = messages
             if self.options.dedupe_passages:
                 dedupe = passage_deduper()
-                current = [map_message_text(message, dedupe) for message in messages]
+                current = [
+                    message if is_item(message) else map_message_text(message, dedupe)
+                    for message in messages
+                ]
             if budget is None:
                 return current, trimmed
             dropped = trim_history(current, tools_tokens, budget)

