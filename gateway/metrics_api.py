@@ -2,6 +2,7 @@
 
 A tenant sees only its own figures; asking for another tenant is a 403, never an empty success.
 Admin keys (`FIRSTTOKEN_ADMIN_KEYS`) may read any tenant, or all with `?tenant=*`.
+`?api=chat|completions|responses|messages` keeps only the requests of one client API.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
+from gateway.telemetry.event import APIS
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
@@ -51,6 +53,13 @@ def _asked_tenant(request: Request) -> str | None:
     return asked
 
 
+def _api(request: Request) -> str | None:
+    asked = request.query_params.get("api")
+    if asked is not None and asked not in APIS:
+        raise GatewayError(400, f"'api' must be one of {', '.join(APIS)}.", param="api")
+    return asked
+
+
 def _exposition(gateway: Gateway, gzipped: bool) -> tuple[bytes, str]:
     body, content_type = gateway.telemetry.prometheus_exposition()
     return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
@@ -61,6 +70,7 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
         try:
             window = _window(request)
             asked = _asked_tenant(request)
+            api = _api(request)
             if gateway.keys.is_admin(request):
                 tenant = asked or "default"
             else:
@@ -72,7 +82,7 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
                         param="tenant",
                         code="forbidden_tenant",
                     )
-            report = await gateway.telemetry.report(tenant, window)
+            report = await gateway.telemetry.report(tenant, window, api)
         except GatewayError as exc:
             return exc.to_response()
         except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only

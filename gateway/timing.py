@@ -18,6 +18,7 @@ class RequestTiming:
     arrival: float = field(default_factory=time.perf_counter)
     wall_arrival: float = field(default_factory=time.time)
     route: str = "-"
+    api: str = "chat"  # the client API served, one of gateway.telemetry.event.APIS
     status: str = "ok"
     fallback: bool = False
     upstream_sent: float | None = None
@@ -69,6 +70,7 @@ class RequestTiming:
             cached_prompt_tokens=token_count(details.get("cached_tokens")),
             prompt_tokens_saved=self.prompt_tokens_saved,
             fallback=self.fallback,
+            api=self.api,
             ts=self.wall_arrival,
         )
 

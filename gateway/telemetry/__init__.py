@@ -1,7 +1,8 @@
-"""TTFT telemetry: per-tenant, per-route figures in Redis or in process, Prometheus and SLOs."""
+"""TTFT telemetry: figures per tenant, route and client API, in Redis or in process,
+Prometheus and SLOs."""
 
-from .event import STATUSES, RequestEvent
+from .event import APIS, STATUSES, RequestEvent
 from .report import SloConfig
 from .telemetry import Telemetry
 
-__all__ = ["STATUSES", "RequestEvent", "SloConfig", "Telemetry"]
+__all__ = ["APIS", "STATUSES", "RequestEvent", "SloConfig", "Telemetry"]

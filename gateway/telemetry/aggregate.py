@@ -1,7 +1,7 @@
 """Folding events into additive counters, the unit every store writes and merges.
 
-An event becomes a handful of field increments on the bucket of its tenant, route
-and wall-clock minute: counts, sums and histogram bucket counts. Everything is a
+An event becomes a handful of field increments on the bucket of its tenant, route,
+client API and wall-clock minute: counts, sums and histogram bucket counts. Everything is a
 sum, so a batch of events can be pre-aggregated in memory before it is written,
 and buckets from several processes or minutes merge by adding field by field.
 
@@ -20,15 +20,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .event import STATUSES, RequestEvent
+from .event import APIS, STATUSES, RequestEvent
 from .histogram import MAX_INDEX, bucket_index
 
 Fields = dict[str, float]
-BucketKey = tuple[str, str, int]  # tenant, route, minute (unix seconds // 60)
+BucketKey = tuple[str, str, str, int]  # tenant, route, api, minute (unix seconds // 60)
 Aggregate = dict[BucketKey, Fields]
 
 FLOAT_FIELDS = frozenset({"t_sum", "u_sum", "g_sum", "c_sum", "total_sum", "itl_sum"})
 _KNOWN_STATUSES = frozenset(STATUSES)
+_KNOWN_APIS = frozenset(APIS)
 _MAX_COUNT = 2**53  # larger "token counts" are garbage, and would overflow HINCRBY sums
 
 
@@ -55,8 +56,17 @@ def _sample(series: str, value_s: float) -> list[tuple[str, float]]:
     return [(f"{series}:{bucket_index(value_s)}", 1), (f"{series}_sum", value_s)]
 
 
+def checked_api(api: str) -> str:
+    """`api` if it is one of `APIS`; raises ValueError otherwise (the gateway set it, so an
+    unknown name is a bug to surface, not a value to count)."""
+    if api not in _KNOWN_APIS:
+        raise ValueError(f"unknown api {str(api)[:40]!r}, expected one of {APIS}")
+    return api
+
+
 def event_increments(event: RequestEvent) -> list[tuple[str, float]]:
     """The field increments of one event; raises on a malformed event, changing nothing."""
+    checked_api(event.api)
     status = event.status if event.status in _KNOWN_STATUSES else "other"
     out: list[tuple[str, float]] = [
         ("n", 1),
@@ -100,7 +110,12 @@ def utf8_text(name: str) -> str:
 def fold_event(aggregate: Aggregate, event: RequestEvent) -> None:
     """Add one event's increments to its bucket in `aggregate`; a malformed event adds nothing."""
     increments = event_increments(event)
-    key = (utf8_text(str(event.tenant)), utf8_text(str(event.route)), minute_of(float(event.ts)))
+    key = (
+        utf8_text(str(event.tenant)),
+        utf8_text(str(event.route)),
+        event.api,
+        minute_of(float(event.ts)),
+    )
     fields = aggregate.get(key)
     if fields is None:
         fields = aggregate[key] = {}

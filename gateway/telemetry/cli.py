@@ -1,6 +1,9 @@
 """`firsttoken metrics`: the TTFT figures as a terminal table, read straight from Redis.
 
-    firsttoken metrics [--tenant T | --all] [--window S] [--redis-url URL] [--prefix P] [--json]
+    firsttoken metrics [--tenant T | --all] [--window S] [--api API] [--redis-url URL]
+                       [--prefix P] [--json]
+
+The table has one row per tenant and route, then one per tenant and client API.
 
 The Redis URL, key prefix and SLO targets come from the gateway's own settings
 (`load_settings`: FIRSTTOKEN_REDIS_URL or REDIS_URL, FIRSTTOKEN_METRICS_KEY_PREFIX,
@@ -23,6 +26,7 @@ import redis.exceptions
 
 from gateway.settings import load_settings
 
+from .event import APIS
 from .keys import KeySpace
 from .redis_store import RedisStore, connect
 from .report import SloConfig, tenant_report
@@ -48,13 +52,16 @@ _TEXT_COLUMNS = 2
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="firsttoken metrics", description="TTFT per tenant and route."
+        prog="firsttoken metrics", description="TTFT per tenant, route and client API."
     )
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--tenant", help="one tenant (default: all)")
     who.add_argument("--all", action="store_true", help="every tenant seen within retention")
     parser.add_argument(
         "--window", type=int, default=3600, help="seconds to look back (default 3600)"
+    )
+    parser.add_argument(
+        "--api", choices=APIS, default=None, help="only requests of one client API (default: all)"
     )
     parser.add_argument(
         "--redis-url", default=None, help="default: FIRSTTOKEN_REDIS_URL, else REDIS_URL"
@@ -86,25 +93,26 @@ def _percent(share: float | None, digits: int = 1) -> str:
     return "-" if share is None else f"{share:.{digits}%}"
 
 
-def _rows(reports: list[dict]) -> list[list[str]]:
+def _rows(reports: list[dict], breakdown: str, name: str) -> list[list[str]]:
+    """One row per tenant and entry of `breakdown` (`routes` or `by_api`), named by `name`."""
     rows = []
     for report in reports:
-        for route in report["routes"]:
-            count = route["count"]
-            slo = route["slo"]
+        for entry in report[breakdown]:
+            count = entry["count"]
+            slo = entry["slo"]
             rows.append(
                 [
                     _cell(report["tenant"]),
-                    _cell(route["route"]),
+                    _cell(entry[name]),
                     str(count),
-                    str(route["errors"]),
-                    _percent(route["errors"] / count if count else None),
-                    _cell(route["ttft_ms"]["p50"]),
-                    _cell(route["ttft_ms"]["p90"]),
-                    _cell(route["ttft_ms"]["p99"]),
-                    _cell(route["upstream_ttft_ms"]["p50"]),
-                    _cell(route["gateway_ms"]["p50"]),
-                    _percent(route["cache_hit_ratio"]),
+                    str(entry["errors"]),
+                    _percent(entry["errors"] / count if count else None),
+                    _cell(entry["ttft_ms"]["p50"]),
+                    _cell(entry["ttft_ms"]["p90"]),
+                    _cell(entry["ttft_ms"]["p99"]),
+                    _cell(entry["upstream_ttft_ms"]["p50"]),
+                    _cell(entry["gateway_ms"]["p50"]),
+                    _percent(entry["cache_hit_ratio"]),
                     f"{slo['target_ms']:g}",
                     _percent(slo["attainment"], digits=2),
                 ]
@@ -113,12 +121,19 @@ def _rows(reports: list[dict]) -> list[list[str]]:
 
 
 def format_table(reports: list[dict], window_s: int) -> str:
-    """One row per tenant and route: names left-aligned, figures right-aligned, two spaces
-    between columns (times in ms; `slo_met` is the share of TTFTs within `slo_ms`)."""
-    rows = _rows(reports)
+    """One row per tenant and route, then, after a blank line and a header naming `api`, one
+    per tenant and client API: names left-aligned, figures right-aligned, two spaces between
+    columns, both parts aligned alike (times in ms; `slo_met` is the share of TTFTs within
+    `slo_ms`)."""
+    rows = _rows(reports, "routes", "route")
+    api_rows = _rows(reports, "by_api", "api")
     if not rows:
         return f"no TTFT figures in the last {window_s} s\n"
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    api_columns = (_COLUMNS[0], "api", *_COLUMNS[2:])
+    widths = [
+        max(len(c), len(api_columns[i]), *(len(r[i]) for r in rows + api_rows))
+        for i, c in enumerate(_COLUMNS)
+    ]
 
     def line(cells: list[str] | tuple[str, ...]) -> str:
         aligned = [
@@ -128,16 +143,19 @@ def format_table(reports: list[dict], window_s: int) -> str:
         return "  ".join(aligned).rstrip()
 
     lines = [line(_COLUMNS), *(line(row) for row in rows)]
+    lines += ["", line(api_columns), *(line(row) for row in api_rows)]
     return "\n".join(lines) + f"\n(times in ms, last {window_s} s)\n"
 
 
 async def _collect(
-    store: RedisStore, tenant: str | None, window_s: int, slo: SloConfig
+    store: RedisStore, tenant: str | None, window_s: int, slo: SloConfig, api: str | None = None
 ) -> list[dict]:
     now = time.time()
     if tenant is not None:
-        return [await tenant_report(store, tenant, window_s, slo, now)]
-    reports = [await tenant_report(store, t, window_s, slo, now) for t in await store.tenants()]
+        return [await tenant_report(store, tenant, window_s, slo, now, api)]
+    reports = [
+        await tenant_report(store, t, window_s, slo, now, api) for t in await store.tenants()
+    ]
     return [r for r in reports if r["routes"]]
 
 
@@ -174,7 +192,7 @@ def metrics_main(
     async def run() -> list[dict]:
         store = RedisStore(connect(url, timeout_s=5.0, cluster=cluster), keys, retention_s=1)
         try:
-            return await _collect(store, args.tenant, args.window, slo)
+            return await _collect(store, args.tenant, args.window, slo, args.api)
         finally:
             await store.aclose()
 
@@ -185,7 +203,9 @@ def metrics_main(
         return 1
     if args.json:
         body: Any = (
-            reports[0] if args.tenant is not None else {"window_s": args.window, "tenants": reports}
+            reports[0]
+            if args.tenant is not None
+            else {"window_s": args.window, "api": args.api, "tenants": reports}
         )
         out.write(json.dumps(body, indent=2) + "\n")
     else:

@@ -6,6 +6,10 @@ import time
 from dataclasses import dataclass, field
 
 STATUSES = ("ok", "client_error", "upstream_error", "timeout", "client_gone")
+# The client API a request came in through. The gateway sets it from its own endpoint, never
+# from client input, so a name outside this list is a bug: the event is refused (logged and
+# counted as malformed), never folded into a fifth bucket.
+APIS = ("chat", "completions", "responses", "messages")
 
 
 @dataclass(slots=True)
@@ -32,4 +36,5 @@ class RequestEvent:
     cached_prompt_tokens: int = 0
     prompt_tokens_saved: int = 0
     fallback: bool = False
+    api: str = "chat"  # one of APIS
     ts: float = field(default_factory=time.time)  # wall-clock arrival, picks the minute bucket

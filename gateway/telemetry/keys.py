@@ -6,6 +6,10 @@ verbatim alphabet, so an escaped name can never equal a verbatim one, and no nam
 can put `:`, `{`, `}`, `*`, whitespace or unbounded length into a key. The real
 names live as values in small name hashes, where any bytes are harmless.
 
+A bucket of the `chat` API keeps the key it had before buckets were kept per API, so
+figures recorded by an earlier version read as chat's; another API's bucket adds `:<api>`,
+one of four fixed names (`event.APIS`), so a tenant's keys grow at most fourfold.
+
 Every key of one tenant carries the same hash tag `{t=<tenant>}`, so Redis Cluster
 keeps a tenant's buckets on one slot.
 """
@@ -46,9 +50,15 @@ class KeySpace:
         """Hash: escaped route -> route name, for one tenant."""
         return f"{self.prefix}:routes:{self._tag(tenant)}"
 
-    def bucket(self, tenant: str, route: str, minute: int) -> str:
-        """Hash of counters for one tenant, route and minute."""
-        return f"{self.prefix}:ttft:{self._tag(tenant)}:{escape_name(route)}:{minute}"
+    def apis(self, tenant: str) -> str:
+        """Hash: api -> api, the APIs other than `chat` one tenant has buckets of (chat is
+        always read, so a chat-only tenant has no such key)."""
+        return f"{self.prefix}:apis:{self._tag(tenant)}"
+
+    def bucket(self, tenant: str, route: str, minute: int, api: str = "chat") -> str:
+        """Hash of counters for one tenant, route, minute and client API."""
+        key = f"{self.prefix}:ttft:{self._tag(tenant)}:{escape_name(route)}:{minute}"
+        return key if api == "chat" else f"{key}:{escape_name(api)}"
 
     def batch_marker(self, tenant: str, writer: str) -> str:
         """String: the newest batch number of one writer applied to a tenant (see redis_store)."""

@@ -6,21 +6,24 @@ and so `/metrics` shows only this gateway.
 Labels are bounded. The first `max_tenants` tenants seen keep their name, later ones are
 folded into `other`. A model name comes from the client (any name a route's pattern accepts),
 so each tenant label keeps its first `max_models` model names and folds later ones into
-`other`: a tenant sending made-up names can fold only its own models, never another's. Label
-children are cached per (tenant, route, model), so recording costs a dictionary lookup and a
-few additions.
+`other`: a tenant sending made-up names can fold only its own models, never another's. The
+`api` label is the client API (`chat`, `completions`, `responses`, `messages`: four fixed values,
+set by the gateway; any other is refused as a bug). Label children are cached per (tenant,
+route, model, api), so recording costs a dictionary lookup and a few additions.
 
 Buckets. `firsttoken_ttft_seconds` has one bucket per bucket of the store's histogram between
 10 ms and 30 s (`TTFT_BUCKETS_S`, 4% steps, 206 bounds, plus 7 coarse ones outside), so
 `histogram_quantile` over it lands within about 2% of the JSON endpoint's figures (see
-`histogram.store_bounds`). That costs 216 series per (tenant, route, model) that has streamed.
+`histogram.store_bounds`). That costs 216 series per (tenant, route, model, api) that has
+streamed.
 The other duration histograms use every fourth of those bounds (`COARSE_BUCKETS_S`, 17% steps,
 up to about 20% from the JSON figures, 63 series each); the JSON endpoint is the precise source
 for them. A child is exposed only once it holds an observation, so a route that only streams
-costs no `complete` series. A streaming (tenant, route, model) costs about 300 series in all
-(TTFT 216, upstream TTFT 63, gateway share 15, counters 6): 100 tenants x 2 routes x 3 models
-is 180k series, 17 MB of text, rendered in about 0.3-0.5 s off the event loop. No `_created`
-series: the process-wide `disable_created_metrics()` below.
+costs no `complete` series. A streaming (tenant, route, model, api) costs about 300 series in
+all (TTFT 216, upstream TTFT 63, gateway share 15, counters 6): 100 tenants x 2 routes x 3
+models over one API is 180k series (each further API a tenant streams through adds its own),
+17 MB of text, rendered in about 0.3-0.5 s off the event loop. No `_created` series: the
+process-wide `disable_created_metrics()` below.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .aggregate import utf8_text
+from .aggregate import checked_api, utf8_text
 from .event import STATUSES, RequestEvent
 from .histogram import store_bounds
 from .latency_histogram import LatencyChild, LatencyHistogram
@@ -72,7 +75,7 @@ DEFAULT_MAX_TENANTS = 100
 DEFAULT_MAX_MODELS = 10  # model label values per tenant label, `other` aside
 LABEL_MAX_CHARS = 200
 _KNOWN_STATUSES = frozenset(STATUSES)
-_ROUTE_LABELS = ("tenant", "route", "model")
+_ROUTE_LABELS = ("tenant", "route", "model", "api")
 
 
 def label_value(value: str) -> str:
@@ -203,8 +206,8 @@ class PrometheusMetrics:
         )
         self._tenants: set[str] = set()
         self._models: dict[str, set[str]] = {}  # tenant label -> its model labels
-        self._children: dict[tuple[str, str, str], _RouteChildren] = {}
-        self._statuses: dict[tuple[str, str, str, str], tuple[Any, Any | None]] = {}
+        self._children: dict[tuple[str, str, str, str], _RouteChildren] = {}
+        self._statuses: dict[tuple[str, str, str, str, str], tuple[Any, Any | None]] = {}
 
     def tenant_label(self, tenant: str) -> str:
         """The tenant's label value, or `other` once `max_tenants` others hold a label."""
@@ -226,15 +229,16 @@ class PrometheusMetrics:
             return model
         return OTHER
 
-    def _labels(self, tenant: str, route: str, model: str) -> tuple[str, str, str]:
+    def _labels(self, tenant: str, route: str, model: str, api: str) -> tuple[str, str, str, str]:
         tenant_label = self.tenant_label(label_value(tenant))
-        return tenant_label, label_value(route), self.model_label(tenant_label, label_value(model))
+        model_label = self.model_label(tenant_label, label_value(model))
+        return tenant_label, label_value(route), model_label, api
 
-    def _route_children(self, tenant: str, route: str, model: str) -> _RouteChildren:
-        key = (tenant, route, model)
+    def _route_children(self, tenant: str, route: str, model: str, api: str) -> _RouteChildren:
+        key = (tenant, route, model, api)
         children = self._children.get(key)
         if children is None:
-            labels = self._labels(tenant, route, model)
+            labels = self._labels(tenant, route, model, api)
             children = _RouteChildren(
                 self.ttft.labels(*labels),
                 self.upstream_ttft.labels(*labels),
@@ -251,12 +255,12 @@ class PrometheusMetrics:
         return children
 
     def _status_children(
-        self, tenant: str, route: str, model: str, status: str
+        self, tenant: str, route: str, model: str, api: str, status: str
     ) -> tuple[Any, Any | None]:
-        key = (tenant, route, model, status)
+        key = (tenant, route, model, api, status)
         pair = self._statuses.get(key)
         if pair is None:
-            labels = (*self._labels(tenant, route, model), status)
+            labels = (*self._labels(tenant, route, model, api), status)
             pair = (
                 self.requests.labels(*labels),
                 self.errors.labels(*labels) if status != "ok" else None,
@@ -266,9 +270,13 @@ class PrometheusMetrics:
         return pair
 
     def observe(self, event: RequestEvent) -> None:
-        children = self._route_children(event.tenant, event.route, event.model)
+        """Count one event; an `api` outside `APIS` raises ValueError, counting nothing."""
+        api = checked_api(event.api)
+        children = self._route_children(event.tenant, event.route, event.model, api)
         status = event.status if event.status in _KNOWN_STATUSES else "other"
-        requests, errors = self._status_children(event.tenant, event.route, event.model, status)
+        requests, errors = self._status_children(
+            event.tenant, event.route, event.model, api, status
+        )
         requests.inc()
         if errors is not None:
             errors.inc()

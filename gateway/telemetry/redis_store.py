@@ -1,9 +1,9 @@
-"""The shared store: counters in Redis hashes, one per tenant, route and minute.
+"""The shared store: counters in Redis hashes, one per tenant, route, client API and minute.
 
 A batch is one MULTI/EXEC pipeline: per tenant, one script that updates all of that tenant's
-buckets and its route names, then the tenant names and the blobs. On Redis Cluster (keys carry
-`{t=...}` hash tags, so a tenant's keys share a slot) the batch is a plain pipeline split by
-node, and each tenant's script is still atomic.
+buckets, its route names and the APIs it used, then the tenant names and the blobs. On Redis
+Cluster (keys carry `{t=...}` hash tags, so a tenant's keys share a slot) the batch is a plain
+pipeline split by node, and each tenant's script is still atomic.
 
 A batch is applied at most once. The writer numbers its batches and retries a failed one with
 the same number, and each tenant's script first compares that number with the tenant's marker
@@ -38,8 +38,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from .aggregate import Aggregate, Fields, merge_fields, parse_stored_fields
+from .event import APIS
 from .keys import KeySpace, escape_name
-from .store import BatchId, Blobs
+from .store import BatchId, Blobs, RouteApi, per_route
 
 log = logging.getLogger("firsttoken.telemetry")
 
@@ -57,9 +58,11 @@ def _is_cluster(client: Any) -> bool:
 
 # One script per tenant and batch: one command per tenant instead of one per field (a batch
 # touches few buckets but many fields, and each command costs the client far more than the
-# server). KEYS: the batch marker, the tenant's route names hash, its buckets. ARGV: batch
-# number, marker TTL, names TTL, number of route name pairs, the pairs, then per bucket:
-# expire-at, number of integer pairs, number of float pairs, the integer pairs, the float pairs.
+# server). KEYS: the batch marker, the tenant's route names hash, its APIs hash, its buckets.
+# ARGV: batch number, marker TTL, names TTL, number of route name pairs, the pairs, number of
+# API name pairs, the pairs (none for chat alone: the APIs hash is then left untouched), then
+# per bucket: expire-at, number of integer pairs, number of float pairs, the integer pairs, the
+# float pairs.
 # Returns {applied (1, or 0 for a batch already applied), then key index and problem per key
 # left alone}: a key that is not a hash is never touched, a field that cannot be incremented
 # spoils only its bucket.
@@ -85,7 +88,18 @@ else
   redis.call('EXPIRE', KEYS[2], ARGV[3])
 end
 i = last + 1
-for k = 3, #KEYS do
+last = i + 2 * tonumber(ARGV[i])
+if last > i then
+  wrong = usable(KEYS[3])
+  if wrong then
+    out[#out + 1] = 3; out[#out + 1] = wrong
+  else
+    for j = i + 1, last, 2 do redis.call('HSET', KEYS[3], ARGV[j], ARGV[j + 1]) end
+    redis.call('EXPIRE', KEYS[3], ARGV[3])
+  end
+end
+i = last + 1
+for k = 4, #KEYS do
   local key = KEYS[k]
   local expire_at = ARGV[i]
   local last_int = i + 2 + 2 * tonumber(ARGV[i + 1])
@@ -221,22 +235,30 @@ class RedisStore:
         writer, seq = batch if batch is not None else (self._own_writer, next(self._own_seq))
         pipe = self.client.pipeline(transaction=self.transactional)
         names_ttl = self.retention_s + 120  # outlive the newest bucket they name
-        per_tenant: dict[str, list[tuple[str, int, Any]]] = {}
-        for (tenant, route, minute), fields in aggregate.items():
-            per_tenant.setdefault(tenant, []).append((route, minute, fields))
+        per_tenant: dict[str, list[tuple[str, str, int, Any]]] = {}
+        for (tenant, route, api, minute), fields in aggregate.items():
+            per_tenant.setdefault(tenant, []).append((route, api, minute, fields))
         sent: list[tuple[str, list[str], str]] = []  # per command: kind, its keys, key to log
         for tenant, buckets in per_tenant.items():
-            routes = {escape_name(r): r for r, _, _ in buckets}
-            keys = [self.keys.batch_marker(tenant, writer), self.keys.routes(tenant)]
+            routes = {escape_name(r): r for r, _, _, _ in buckets}
+            apis = sorted({a for _, a, _, _ in buckets} - {"chat"})
+            keys = [
+                self.keys.batch_marker(tenant, writer),
+                self.keys.routes(tenant),
+                self.keys.apis(tenant),
+            ]
             args: list[Any] = [seq, MARKER_TTL_S, names_ttl, len(routes)]
             for pair in routes.items():
                 args.extend(pair)
-            for route, minute, fields in buckets:
+            args.append(len(apis))
+            for api in apis:
+                args.extend((api, api))
+            for route, api, minute, fields in buckets:
                 ints: list[Any] = []
                 floats: list[Any] = []
                 for name, amount in fields.items():
                     (floats if isinstance(amount, float) else ints).extend((name, amount))
-                keys.append(self.keys.bucket(tenant, route, minute))
+                keys.append(self.keys.bucket(tenant, route, minute, api))
                 args.extend(
                     (
                         (minute + 1) * 60 + self.retention_s,
@@ -303,28 +325,47 @@ class RedisStore:
         )
 
     async def read(self, tenant: str, first_minute: int, last_minute: int) -> dict[str, Fields]:
-        routes_key = self.keys.routes(tenant)
-        try:
-            raw_routes = await self.client.hgetall(routes_key)
-        except redis.exceptions.ResponseError as exc:
-            if is_transient(exc):
-                raise
-            self._wrong_type(routes_key, reply_code(exc), "read")
+        return per_route(await self.read_split(tenant, first_minute, last_minute))
+
+    async def read_split(
+        self, tenant: str, first_minute: int, last_minute: int
+    ) -> dict[RouteApi, Fields]:
+        routes_key, apis_key = self.keys.routes(tenant), self.keys.apis(tenant)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(routes_key)
+        pipe.hgetall(apis_key)
+        raw_routes, raw_apis = await pipe.execute(raise_on_error=False)
+        route_names = self._names(routes_key, raw_routes)
+        if not route_names:
             return {}
-        routes = sorted(v.decode("utf-8", "surrogateescape") for v in raw_routes.values())
-        targets = [(r, m) for r in routes for m in range(first_minute, last_minute + 1)]
-        merged: dict[str, Fields] = {}
+        # Names read from a shared store: only the four known APIs, so a stray field can
+        # neither add reads nor put an unchecked name into a key.
+        used = {_text(a) for a in self._names(apis_key, raw_apis)} & set(APIS)
+        apis = ["chat", *(a for a in APIS if a in used and a != "chat")]
+        routes = sorted(v.decode("utf-8", "surrogateescape") for v in route_names)
+        minutes = range(first_minute, last_minute + 1)
+        targets = [(r, a, m) for r in routes for a in apis for m in minutes]
+        merged: dict[RouteApi, Fields] = {}
         for start in range(0, len(targets), _READ_CHUNK):
             chunk = targets[start : start + _READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
-            for route, minute in chunk:
-                pipe.hgetall(self.keys.bucket(tenant, route, minute))
+            for route, api, minute in chunk:
+                pipe.hgetall(self.keys.bucket(tenant, route, minute, api))
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-            for (route, minute), reply in zip(chunk, replies, strict=False):
-                fields = self._bucket_fields(self.keys.bucket(tenant, route, minute), reply)
+            for (route, api, minute), reply in zip(chunk, replies, strict=False):
+                fields = self._bucket_fields(self.keys.bucket(tenant, route, minute, api), reply)
                 if fields:
-                    merge_fields(merged.setdefault(route, {}), fields)
+                    merge_fields(merged.setdefault((route, api), {}), fields)
         return merged
+
+    def _names(self, key: str, reply: Any) -> list[Any]:
+        """The values of a names hash; none, logged, for a key that is not a hash."""
+        if isinstance(reply, BaseException):
+            if is_transient(reply):
+                raise reply
+            self._wrong_type(key, reply_code(reply), "read")
+            return []
+        return list(reply.values())
 
     def _bucket_fields(self, key: str, reply: Any) -> Fields | None:
         """One bucket's counters; None, logged, for a key that is not a readable counter hash."""

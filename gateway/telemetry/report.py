@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .aggregate import Fields, histogram_counts, minute_of
-from .event import STATUSES
+from .aggregate import Fields, checked_api, histogram_counts, minute_of
+from .event import APIS, STATUSES
 from .histogram import percentiles, share_at_or_below
-from .store import Store
+from .store import Store, per_api, per_route
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -87,12 +87,21 @@ def slo_figures(fields: Fields, target_ms: float, objective: float) -> dict[str,
 
 def route_figures(route: str, fields: Fields, slo: SloConfig, tenant: str) -> dict[str, Any]:
     """The per-route dict of the metrics JSON, from one route's merged counters."""
+    return {"route": route, **figures(fields, slo, tenant)}
+
+
+def api_figures(api: str, fields: Fields, slo: SloConfig, tenant: str) -> dict[str, Any]:
+    """The per-API dict of the metrics JSON (`by_api`): the same figures as a route's."""
+    return {"api": api, **figures(fields, slo, tenant)}
+
+
+def figures(fields: Fields, slo: SloConfig, tenant: str) -> dict[str, Any]:
+    """Every figure of one set of merged counters (a route's, an API's)."""
     prompt = int(fields.get("prompt", 0))
     cached = int(fields.get("cached", 0))
     count = int(fields.get("n", 0))
     itl_n = int(fields.get("itl_n", 0))
     return {
-        "route": route,
         "count": count,
         "stream_count": int(fields.get("stream", 0)),
         "ttft_ms": _series_ms(fields, "t", _FULL, mean=True),
@@ -119,12 +128,22 @@ def window_minutes(window_s: int, now: float) -> tuple[int, int]:
 
 
 async def tenant_report(
-    store: Store, tenant: str, window_s: int, slo: SloConfig, now: float
+    store: Store, tenant: str, window_s: int, slo: SloConfig, now: float, api: str | None = None
 ) -> dict:
+    """One tenant's figures per route and per client API (`by_api`, in `APIS` order); with
+    `api`, only that API's requests, in both."""
+    if api is not None:
+        checked_api(api)
     first, last = window_minutes(window_s, now)
-    per_route = await store.read(tenant, first, last)
+    split = await store.read_split(tenant, first, last)
+    if api is not None:
+        split = {key: fields for key, fields in split.items() if key[1] == api}
+    routes = per_route(split)
+    apis = per_api(split)
     return {
         "tenant": tenant,
         "window_s": window_s,
-        "routes": [route_figures(r, per_route[r], slo, tenant) for r in sorted(per_route)],
+        "api": api,
+        "routes": [route_figures(r, routes[r], slo, tenant) for r in sorted(routes)],
+        "by_api": [api_figures(a, apis[a], slo, tenant) for a in APIS if a in apis],
     }

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from .aggregate import Aggregate, Fields, merge_fields
 
+RouteApi = tuple[str, str]  # (route, api)
 Blobs = Mapping[tuple[str, str], tuple[bytes, int]]  # (tenant, family) -> (blob, ttl seconds)
 BatchId = tuple[str, int]  # (writer id, batch number): a retried batch keeps its id
 
@@ -39,7 +40,14 @@ class Store(Protocol):
         must be retried."""
 
     async def read(self, tenant: str, first_minute: int, last_minute: int) -> dict[str, Fields]:
-        """Per route, the counters of a tenant summed over minutes in `[first, last]`."""
+        """Per route, the counters of a tenant summed over minutes in `[first, last]` and over
+        client APIs."""
+
+    async def read_split(
+        self, tenant: str, first_minute: int, last_minute: int
+    ) -> dict[RouteApi, Fields]:
+        """Per (route, api), the counters of a tenant summed over minutes in `[first, last]`:
+        what a report needs to show routes, APIs, or the routes of one API."""
 
     async def tenants(self) -> list[str]: ...
 
@@ -53,6 +61,22 @@ class Store(Protocol):
     def is_transient(self, exc: BaseException) -> bool:
         """True for a failure after which the same batch may be retried whole."""
         ...
+
+
+def per_route(split: Mapping[RouteApi, Fields]) -> dict[str, Fields]:
+    """Per route, counters summed over APIs, from `read_split`."""
+    merged: dict[str, Fields] = {}
+    for (route, _), fields in split.items():
+        merge_fields(merged.setdefault(route, {}), fields)
+    return merged
+
+
+def per_api(split: Mapping[RouteApi, Fields]) -> dict[str, Fields]:
+    """Per API, counters summed over routes, from `read_split`."""
+    merged: dict[str, Fields] = {}
+    for (_, api), fields in split.items():
+        merge_fields(merged.setdefault(api, {}), fields)
+    return merged
 
 
 class _BlobShelf:
@@ -114,16 +138,15 @@ class MemoryStore:
 
     def __init__(self, retention_s: int) -> None:
         self.retention_s = retention_s
-        self._buckets: dict[
-            str, dict[tuple[str, int], Fields]
-        ] = {}  # tenant -> (route, minute) -> fields
+        # tenant -> (route, api, minute) -> fields
+        self._buckets: dict[str, dict[tuple[str, str, int], Fields]] = {}
         self._blobs = _BlobShelf(MEMORY_BLOBS_MAX_BYTES, MEMORY_BLOBS_TENANT_MAX_BYTES)
         self._last_prune = time.time()
 
     async def write(self, aggregate: Aggregate, blobs: Blobs, batch: BatchId | None = None) -> None:
-        for (tenant, route, minute), fields in aggregate.items():
+        for (tenant, route, api, minute), fields in aggregate.items():
             per_tenant = self._buckets.setdefault(tenant, {})
-            merge_fields(per_tenant.setdefault((route, minute), {}), fields)
+            merge_fields(per_tenant.setdefault((route, api, minute), {}), fields)
         now = time.time()
         for (tenant, family), (blob, ttl_s) in blobs.items():
             self._blobs.put(tenant, family, blob, now + ttl_s)
@@ -135,17 +158,22 @@ class MemoryStore:
         oldest_minute = int((now - self.retention_s) // 60)
         for tenant in list(self._buckets):
             per_tenant = self._buckets[tenant]
-            for key in [k for k in per_tenant if k[1] < oldest_minute]:
+            for key in [k for k in per_tenant if k[2] < oldest_minute]:
                 del per_tenant[key]
             if not per_tenant:
                 del self._buckets[tenant]
         self._blobs.prune(now)
 
     async def read(self, tenant: str, first_minute: int, last_minute: int) -> dict[str, Fields]:
-        merged: dict[str, Fields] = {}
-        for (route, minute), fields in self._buckets.get(tenant, {}).items():
+        return per_route(await self.read_split(tenant, first_minute, last_minute))
+
+    async def read_split(
+        self, tenant: str, first_minute: int, last_minute: int
+    ) -> dict[RouteApi, Fields]:
+        merged: dict[RouteApi, Fields] = {}
+        for (route, api, minute), fields in self._buckets.get(tenant, {}).items():
             if first_minute <= minute <= last_minute:
-                merge_fields(merged.setdefault(route, {}), fields)
+                merge_fields(merged.setdefault((route, api), {}), fields)
         return merged
 
     async def tenants(self) -> list[str]:

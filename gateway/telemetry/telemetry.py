@@ -146,17 +146,24 @@ class Telemetry:
             except Exception:  # closing must not mask the writer's own outcome (logged)
                 log.debug("telemetry store close failed", exc_info=True)
 
-    async def report(self, tenant: str, window_s: int = 3600) -> dict:
-        """Figures for one tenant over the last `window_s` seconds, or for all with tenant `*`.
+    async def report(self, tenant: str, window_s: int = 3600, api: str | None = None) -> dict:
+        """Figures for one tenant over the last `window_s` seconds, or for all with tenant `*`;
+        with `api` (one of `APIS`, else ValueError), only the requests of that client API.
 
         The window is rounded out to whole minutes (the storage bucket).
         """
         now = time.time()
         if tenant == "*":
             tenants = await self.known_tenants()
-            reports = [await tenant_report(self.store, t, window_s, self.slo, now) for t in tenants]
-            return {"window_s": window_s, "tenants": [r for r in reports if r["routes"]]}
-        return await tenant_report(self.store, tenant, window_s, self.slo, now)
+            reports = [
+                await tenant_report(self.store, t, window_s, self.slo, now, api) for t in tenants
+            ]
+            return {
+                "window_s": window_s,
+                "api": api,
+                "tenants": [r for r in reports if r["routes"]],
+            }
+        return await tenant_report(self.store, tenant, window_s, self.slo, now, api)
 
     async def known_tenants(self) -> list[str]:
         return await self.store.tenants()

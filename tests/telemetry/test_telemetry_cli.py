@@ -43,17 +43,26 @@ def test_json_matches_the_gateway_report(redis_url: str, key_prefix: str) -> Non
     assert beta["routes"][0]["slo"]["target_ms"] == 1000.0
 
 
-def _table(text: str) -> tuple[list[str], list[dict[str, str]]]:
-    """The printed table as (header, rows by column name); every row has every column."""
+def _tables(text: str) -> list[tuple[list[str], list[dict[str, str]]]]:
+    """The printed tables (routes, then APIs, split by a blank line) as (header, rows by column
+    name); every row has every column."""
     lines = text.splitlines()
     assert lines[-1].startswith("(times in ms")
-    header = lines[0].split()
-    rows = []
-    for line in lines[1:-1]:
-        cells = line.split()
-        assert len(cells) == len(header), line
-        rows.append(dict(zip(header, cells, strict=True)))
-    return header, rows
+    tables = []
+    for part in "\n".join(lines[:-1]).split("\n\n"):
+        header, *body = part.splitlines()
+        rows = []
+        for line in body:
+            cells = line.split()
+            assert len(cells) == len(header.split()), line
+            rows.append(dict(zip(header.split(), cells, strict=True)))
+        tables.append((header.split(), rows))
+    return tables
+
+
+def _table(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The route table."""
+    return _tables(text)[0]
 
 
 def test_table_has_one_aligned_column_per_figure(redis_url: str, key_prefix: str) -> None:
@@ -77,8 +86,17 @@ def test_table_has_one_aligned_column_per_figure(redis_url: str, key_prefix: str
             assert row["ttft_p50"] == f"{route['ttft_ms']['p50']:.1f}"
             assert row["slo_ms"] == f"{route['slo']['target_ms']:g}"
             assert row["slo_met"] == f"{route['slo']['attainment']:.2%}"
+    # One row per tenant and API (all chat here), the same figures as the routes summed.
+    api_header, api_rows = _tables(out.getvalue())[1]
+    assert api_header == ["tenant", "api", *header[2:]]
+    for tenant in expected["tenants"]:
+        (row,) = [r for r in api_rows if r["tenant"] == tenant["tenant"]]
+        (chat,) = tenant["by_api"]
+        assert row["api"] == chat["api"] == "chat"
+        assert row["count"] == str(chat["count"]) == str(sum(r["count"] for r in tenant["routes"]))
+        assert row["ttft_p50"] == f"{chat['ttft_ms']['p50']:.1f}"
     # Figures are right-aligned: in every line each numeric column ends at the same place.
-    lines = out.getvalue().splitlines()[:-1]
+    lines = [line for line in out.getvalue().splitlines()[:-1] if line]
     ends = {len(line) for line in lines}
     assert len(ends) == 1
     count_end = lines[0].index("count") + len("count")

@@ -27,9 +27,19 @@ HOSTILE = [
 SAFE_PART = r"(?:[A-Za-z0-9._-]{1,64}|%[0-9a-f]{32})"
 
 
-def _event(tenant: str, route: str, ttft_s: float) -> RequestEvent:
+def _event(tenant: str, route: str, ttft_s: float, api: str = "chat") -> RequestEvent:
     return RequestEvent(
-        tenant, route, "m", True, "ok", ttft_s, ttft_s / 2, 1.0, prompt_tokens=10, ts=time.time()
+        tenant,
+        route,
+        "m",
+        True,
+        "ok",
+        ttft_s,
+        ttft_s / 2,
+        1.0,
+        prompt_tokens=10,
+        api=api,
+        ts=time.time(),
     )
 
 
@@ -67,7 +77,7 @@ async def test_hostile_names_cannot_touch_other_keys(
     assert all(victim_before.values())
 
     for name in HOSTILE[1:]:
-        telemetry.record(_event(name, name, 0.9))
+        telemetry.record(_event(name, name, 0.9, api="responses"))
         telemetry.record(_event(name, "openai", 0.9))
         telemetry.record(_event("other", name, 0.9))
         telemetry.put_fingerprints(name, name, b"hostile")
@@ -80,8 +90,9 @@ async def test_hostile_names_cannot_touch_other_keys(
     assert await telemetry.get_fingerprints("victim", "gpt", timeout_s=1) == b"victim-blob"
 
     pattern = re.compile(
-        rf"{re.escape(key_prefix)}:(?:tenants|routes:\{{t={SAFE_PART}\}}"
-        rf"|ttft:\{{t={SAFE_PART}\}}:{SAFE_PART}:\d+|fp:\{{t={SAFE_PART}\}}:{SAFE_PART}"
+        rf"{re.escape(key_prefix)}:(?:tenants|(?:routes|apis):\{{t={SAFE_PART}\}}"
+        rf"|ttft:\{{t={SAFE_PART}\}}:{SAFE_PART}:\d+(?::(?:completions|responses|messages))?"
+        rf"|fp:\{{t={SAFE_PART}\}}:{SAFE_PART}"
         rf"|applied:\{{t={SAFE_PART}\}}:[0-9a-f]{{16}})"
     )
     ours = [k.decode() for k in sync_redis.scan_iter(match=f"{key_prefix}:*", count=1000)]

@@ -52,7 +52,7 @@ def test_histograms_counters_and_labels() -> None:
     telemetry.record(_event("acme", status="upstream_error", ttft_s=None))
     telemetry.record_prefix_break("acme", "system_changed")
     s = _samples(telemetry)
-    labels = {"route": "openai", "tenant": "acme", "model": "m"}
+    labels = {"route": "openai", "tenant": "acme", "model": "m", "api": "chat"}
     assert s[_key("firsttoken_ttft_seconds_count", **labels)] == 2
     assert s[_key("firsttoken_ttft_seconds_bucket", le=_le(0.3), **labels)] == 1
     assert s[_key("firsttoken_ttft_seconds_bucket", le=_le(0.29), **labels)] == 0
@@ -89,18 +89,29 @@ def test_tenant_labels_are_bounded() -> None:
     s = _samples(telemetry)
     tenants = {dict(k[1]).get("tenant") for k in s if k[0] == "firsttoken_ttft_seconds_count"}
     assert tenants == {"t0", "t1", "t2", "other"}
-    assert s[_key("firsttoken_ttft_seconds_count", route="openai", tenant="other", model="m")] == 7
+    assert (
+        s[
+            _key(
+                "firsttoken_ttft_seconds_count",
+                route="openai",
+                tenant="other",
+                model="m",
+                api="chat",
+            )
+        ]
+        == 7
+    )
 
 
 def test_registries_are_private() -> None:
     first, second = make_telemetry(), make_telemetry()
     first.record(_event("acme"))
-    assert _key("firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m") in (
-        _samples(first)
-    )
-    assert _key("firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m") not in (
-        _samples(second)
-    )
+    assert _key(
+        "firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m", api="chat"
+    ) in (_samples(first))
+    assert _key(
+        "firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m", api="chat"
+    ) not in (_samples(second))
     assert REGISTRY.get_sample_value("firsttoken_telemetry_dropped_total") is None
 
 
@@ -124,9 +135,9 @@ def test_record_is_cheap_and_disabled_records_nothing() -> None:
     off = make_telemetry(telemetry=False)
     off.record(_event("acme"))
     assert off.writer.buffered == 0
-    assert _key("firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m") not in (
-        _samples(off)
-    )
+    assert _key(
+        "firsttoken_ttft_seconds_count", route="openai", tenant="acme", model="m", api="chat"
+    ) not in (_samples(off))
     assert not any(name.startswith("firsttoken_requests") for name, _ in _samples(off))
 
 
@@ -137,7 +148,14 @@ def test_record_never_raises_on_malformed_events() -> None:
     telemetry.record_prefix_break(None, None)  # type: ignore[arg-type]
     assert (
         _samples(telemetry)[
-            _key("firsttoken_requests_total", route="r", status="other", tenant="acme", model="m")
+            _key(
+                "firsttoken_requests_total",
+                route="r",
+                status="other",
+                tenant="acme",
+                model="m",
+                api="chat",
+            )
         ]
         == 1
     )
