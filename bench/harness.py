@@ -172,6 +172,20 @@ REQUEST = orjson.dumps(
 )
 
 
+@dataclass(frozen=True)
+class Api:
+    """One client API as the load speaks it: where it posts, what, and the bytes that mark the
+    first content in its stream."""
+
+    path: str
+    body: bytes
+    marker: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+CHAT = Api("/chat/completions", REQUEST, b"tok0")
+
+
 @dataclass
 class LoadResult:
     ttft_ms: list[float]
@@ -191,10 +205,21 @@ class LoadResult:
 
 
 async def load(
-    base: str, concurrency: int, seconds: float, max_requests: int = 100_000, body: bytes = REQUEST
+    base: str,
+    concurrency: int,
+    seconds: float,
+    max_requests: int = 100_000,
+    body: bytes | None = None,
+    api: Api = CHAT,
 ) -> LoadResult:
     """Closed-loop load: `concurrency` workers each send streaming requests back to back until
     `seconds` pass or `max_requests` were sent. TTFT is time to the first content byte."""
+    body = api.body if body is None else body
+    headers = {
+        "content-type": "application/json",
+        "authorization": "Bearer bench",
+        **dict(api.headers),
+    }
     ttfts: list[float] = []
     counters = {"done": 0, "errors": 0, "sent": 0}
     deadline = time.perf_counter() + seconds
@@ -207,20 +232,13 @@ async def load(
                 start = time.perf_counter()
                 first = None
                 try:
-                    async with session.post(
-                        base + "/chat/completions",
-                        data=body,
-                        headers={
-                            "content-type": "application/json",
-                            "authorization": "Bearer bench",
-                        },
-                    ) as resp:
+                    async with session.post(base + api.path, data=body, headers=headers) as resp:
                         if resp.status != 200:
                             counters["errors"] += 1
                             await resp.read()
                             continue
                         async for chunk in resp.content.iter_any():
-                            if first is None and b"tok0" in chunk:
+                            if first is None and api.marker in chunk:
                                 first = time.perf_counter()
                     if first is None:
                         counters["errors"] += 1
@@ -246,16 +264,24 @@ def merge(results: list[LoadResult]) -> LoadResult:
 
 
 def interleaved(
-    targets: dict[str, str], concurrency: int, seconds: float, rounds: int = 3
+    targets: dict[str, str] | dict[str, tuple[str, Api]],
+    concurrency: int,
+    seconds: float,
+    rounds: int = 3,
 ) -> dict[str, LoadResult]:
-    """Alternate the targets in short rounds so machine noise hits each the same way."""
+    """Alternate the targets (a base URL, chat; or a base URL and an API) in short rounds so
+    machine noise hits each the same way."""
     per_round = seconds / rounds
-    for base in targets.values():  # warm connection pools and lazy state, unmeasured
-        asyncio.run(load(base, concurrency, 0.3))
-    out: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    pairs = {
+        name: target if isinstance(target, tuple) else (target, CHAT)
+        for name, target in targets.items()
+    }
+    for base, api in pairs.values():  # warm connection pools and lazy state, unmeasured
+        asyncio.run(load(base, concurrency, 0.3, api=api))
+    out: dict[str, list[LoadResult]] = {name: [] for name in pairs}
     for _ in range(rounds):
-        for name, base in targets.items():
-            out[name].append(asyncio.run(load(base, concurrency, per_round)))
+        for name, (base, api) in pairs.items():
+            out[name].append(asyncio.run(load(base, concurrency, per_round, api=api)))
     return {name: merge(rs) for name, rs in out.items()}
 
 

@@ -625,7 +625,33 @@ class MockObjects:
 
     # responses
     def _response(self, body: dict, response_id: str, status: str) -> dict:
-        text = "Hello from the mock"
+        """A Responses object; with function tools and no tool result yet, a function call."""
+        b = self.upstream.behaviour
+        output: list[dict] = []
+        if status == "completed":
+            if _wants_function_call(body):
+                output.append(
+                    {
+                        "type": "function_call",
+                        "id": "fc_" + response_id,
+                        "call_id": "call_1",
+                        "name": "get_weather",
+                        "arguments": '{"city":"Paris"}',
+                        "status": "completed",
+                    }
+                )
+            else:
+                output.append(
+                    {
+                        "type": "message",
+                        "id": "msg_" + response_id,
+                        "status": "completed",
+                        "role": "assistant",
+                        "content": [
+                            {"type": "output_text", "text": RESPONSE_TEXT, "annotations": []}
+                        ],
+                    }
+                )
         return {
             "id": response_id,
             "object": "response",
@@ -633,21 +659,17 @@ class MockObjects:
             "status": status,
             "model": body.get("model"),
             "previous_response_id": body.get("previous_response_id"),
-            "output": []
-            if status != "completed"
-            else [
-                {
-                    "type": "message",
-                    "id": "msg_" + response_id,
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
-            ],
-            "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+            "output": output,
+            "usage": {
+                "input_tokens": b.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": b.cached_tokens},
+                "output_tokens": 4,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": b.prompt_tokens + 4,
+            },
             "parallel_tool_calls": True,
             "tool_choice": "auto",
-            "tools": [],
+            "tools": body.get("tools") or [],
         }
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
@@ -666,13 +688,12 @@ class MockObjects:
             headers={"content-type": "text/event-stream", **self.behaviour.object_headers}
         )
         await resp.prepare(request)
+        sequence = iter(range(1 << 30))
 
         async def event(name: str, data: dict) -> None:
+            payload = {"type": name, "sequence_number": next(sequence), **data}
             await resp.write(
-                f"event: {name}\n".encode()
-                + b"data: "
-                + orjson.dumps({"type": name, **data})
-                + b"\n\n"
+                f"event: {name}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n"
             )
 
         try:
@@ -683,14 +704,36 @@ class MockObjects:
                 request, self.behaviour.hang_s
             ):
                 return resp
+            await asyncio.sleep(self.behaviour.first_delay_s)
             if self.behaviour.huge_event_bytes:
                 await event(
                     "response.output_text.delta", {"delta": "x" * self.behaviour.huge_event_bytes}
                 )
-            for word in ("Hello", " from", " the mock"):
-                await event("response.output_text.delta", {"delta": word, "output_index": 0})
-            self.responses[response_id] = self._response(body, response_id, "completed")
-            await event("response.completed", {"response": self.responses[response_id]})
+            final = self._response(body, response_id, "completed")
+            item = final["output"][0]
+            at = {"output_index": 0, "item_id": item["id"]}
+            await event("response.output_item.added", {"output_index": 0, "item": _started(item)})
+            if item["type"] == "function_call":
+                for part in ('{"city":', '"Paris"}'):
+                    await event("response.function_call_arguments.delta", {**at, "delta": part})
+                await event(
+                    "response.function_call_arguments.done", {**at, "arguments": item["arguments"]}
+                )
+            else:
+                part = {"type": "output_text", "text": "", "annotations": []}
+                at_part = {**at, "content_index": 0}
+                await event("response.content_part.added", {**at_part, "part": part})
+                for word in RESPONSE_WORDS:
+                    await event(
+                        "response.output_text.delta", {**at_part, "delta": word, "logprobs": []}
+                    )
+                await event(
+                    "response.output_text.done", {**at_part, "text": RESPONSE_TEXT, "logprobs": []}
+                )
+                await event("response.content_part.done", {**at_part, "part": item["content"][0]})
+            await event("response.output_item.done", {"output_index": 0, "item": item})
+            self.responses[response_id] = final
+            await event("response.completed", {"response": final})
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.upstream.disconnects.append(time.perf_counter())
@@ -724,6 +767,28 @@ class MockObjects:
             for x in self.inputs.get(response_id, [])
         ]
         return self._list(items)
+
+
+RESPONSE_WORDS = ("Hello", " from", " the mock")
+RESPONSE_TEXT = "".join(RESPONSE_WORDS)
+
+
+def _wants_function_call(body: dict) -> bool:
+    """Function tools offered and no tool result in the input yet."""
+    tools = body.get("tools") or []
+    if not any(isinstance(t, dict) and t.get("type") == "function" for t in tools):
+        return False
+    items = body.get("input")
+    if not isinstance(items, list):
+        return True
+    return not any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
+
+
+def _started(item: dict) -> dict:
+    """An output item as `response.output_item.added` shows it: in progress, nothing in it."""
+    if item["type"] == "function_call":
+        return {**item, "arguments": "", "status": "in_progress"}
+    return {**item, "content": [], "status": "in_progress"}
 
 
 class ThreadedServer:

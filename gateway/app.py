@@ -15,11 +15,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.messages_api import messages_endpoints
+from gateway.messages_api import COUNT_TOKENS, MESSAGES, anthropic_error, messages_door
 from gateway.metrics_api import metrics_endpoints
 from gateway.models_api import models_endpoints
 from gateway.passthrough import passthrough
 from gateway.request_id import RequestIdMiddleware, next_request_id
+from gateway.responses_api import responses_door
 from gateway.service import Gateway
 from gateway.settings import Settings, load_settings
 
@@ -70,11 +71,11 @@ def create_app(settings: Settings | None = None) -> HotPath:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),  # via HotPath
         Route("/v1/completions", completions, methods=["POST"]),
+        # /v1/responses and /v1/messages: HotPath only (`HotPath.door`)
         *models_endpoints(gateway),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *metrics_endpoints(gateway),
-        *messages_endpoints(gateway),  # before the passthrough catch-all
         Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     app = Starlette(
@@ -91,11 +92,17 @@ def create_app(settings: Settings | None = None) -> HotPath:
 # With or without a trailing slash: the variant must not slip past validation, policies and
 # telemetry into passthrough.
 HOT_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/chat/completions/": "chat",
-    "/v1/completions": "completions",
-    "/v1/completions/": "completions",
+    path + slash: endpoint
+    for path, endpoint in {
+        "/v1/chat/completions": "chat",
+        "/v1/completions": "completions",
+        "/v1/responses": "responses",
+        "/v1/messages": "messages",
+        "/v1/messages/count_tokens": "count_tokens",
+    }.items()
+    for slash in ("", "/")
 }
+ANTHROPIC_DOORS = frozenset({"messages", "count_tokens"})
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -137,7 +144,8 @@ def _shown(path: str, limit: int = 200) -> str:
 
 
 class HotPath:
-    """Chat and completions POSTs skip Starlette's middleware stack.
+    """The generation doors (chat, completions, responses, messages) skip Starlette's
+    middleware stack.
 
     Each middleware layer wraps `send`, and a stream calls `send` once per event, so on the hot
     path those layers cost more than all of the gateway's own work. Everything else, lifespan
@@ -154,17 +162,34 @@ class HotPath:
         if endpoint is None:
             await self.app(scope, receive, send)
             return
+        anthropic = endpoint in ANTHROPIC_DOORS
         if scope["method"] != "POST":
             # GET /v1/chat/completions is OpenAI's stored-completions list: not served here.
             refused = method_not_allowed(scope["method"], scope["path"], "POST")
-            refused.headers["x-request-id"] = next_request_id()
+            request_id = next_request_id()
+            if anthropic:
+                error = GatewayError(405, orjson.loads(refused.body)["error"]["message"])
+                refused = anthropic_error(error, request_id)
+                refused.headers["allow"] = "POST"
+            refused.headers["x-request-id"] = request_id
             await refused(scope, receive, send)
             return
         response: ASGIApp
         try:
-            response = await self.gateway.handle(Request(scope, receive), endpoint)
+            response = await self.door(Request(scope, receive), endpoint)
         except Exception:  # a bug fails this request alone, with a clean 500
             request_id = next_request_id()
             log.exception("request %s: unhandled error on %s", request_id, scope["path"])
-            response = GatewayError(500, "Internal gateway error.").to_response(request_id)
+            error = GatewayError(500, "Internal gateway error.")
+            response = (
+                anthropic_error(error, request_id) if anthropic else error.to_response(request_id)
+            )
         await response(scope, receive, send)
+
+    async def door(self, request: Request, endpoint: str) -> ASGIApp:
+        if endpoint == "responses":
+            return await responses_door(request, self.gateway)
+        if endpoint in ANTHROPIC_DOORS:
+            path = MESSAGES if endpoint == "messages" else COUNT_TOKENS
+            return await messages_door(request, self.gateway, path)
+        return await self.gateway.handle(request, endpoint)

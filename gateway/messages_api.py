@@ -1,10 +1,17 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API as a door,
 so that an application holding the `anthropic` SDK points its `base_url` at the gateway.
 
-The request goes to the `anthropic` route that serves its `model`, in Anthropic's own format,
-byte for byte unless the route's `model_map` renames the model (so the client's `cache_control`
-breakpoints and everything else it sent arrive as sent). The door keeps the guarantees of the
-chat path:
+The request is routed by its `model` like chat's:
+
+- to an `anthropic` route it goes in Anthropic's own format, through the route's policies
+  applied to the Messages shape (`cache_hints` adds breakpoints only where the client set none),
+  else byte for byte unless the route's `model_map` renames the model, so the client's
+  `cache_control` and everything else it sent arrive as sent;
+- to an `openai` or `local` route it is translated to chat (`gateway.translation`) and served by
+  the chat path (policies, retries, fallbacks, TTFT), the answer translated back as it streams;
+  `count_tokens` there is an estimate that says so (`x-firsttoken-estimate`).
+
+The exchange with an `anthropic` route keeps the guarantees of the chat path:
 
 - the tenant comes from its key (`x-api-key` or `Authorization: Bearer`), which never goes
   upstream; the route's key does, to the route's own origin only (`Upstream.forward`);
@@ -16,7 +23,8 @@ chat path:
 - the answer is relayed within limits, in Anthropic's shapes (`messages_relay`);
 - each `messages` request is recorded in telemetry once, with its TTFT and usage.
 
-Not in this slice: `openai` and `local` routes (a 400), policies, retries and fallbacks.
+Not done on `anthropic` routes: retries and fallbacks (a failure is the client's to retry, as
+Anthropic's SDK does by itself).
 """
 
 from __future__ import annotations
@@ -28,19 +36,25 @@ from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
-from starlette.routing import Route as HttpRoute
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.client_watch import ClientWatch
 from gateway.errors import GatewayError
-from gateway.messages_relay import MessagesRelay, send_error
-from gateway.proxy import wait_for_disconnect
+from gateway.messages_relay import MessagesRelay, error_body, send_error
+from gateway.native_body import NativeBody, native_body
 from gateway.request_body import parse_json, read_body, require_model
 from gateway.request_id import next_request_id
 from gateway.routes import Route
+from gateway.settings import Settings
 from gateway.timing import RequestTiming
+from gateway.translated_answer import MessagesShape, TranslatedAnswer
+from gateway.translation.chat_to_anthropic import TranslationError
+from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
 from gateway.upstream_paths import PassPath, fixed_path
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
+from policies.tokens import count_request_tokens
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
@@ -51,20 +65,97 @@ MESSAGES = fixed_path("messages")
 COUNT_TOKENS = fixed_path("messages", "count_tokens")
 
 
-def messages_endpoints(gateway: Gateway) -> list[HttpRoute]:
-    """`POST /v1/messages` and `POST /v1/messages/count_tokens`; each answers with the ASGI
-    response that performs the exchange (it needs `receive` and `send` itself)."""
+async def messages_door(request: Request, gateway: Gateway, path: PassPath) -> ASGIApp:
+    """The ASGI answer to one `POST /v1/messages` (or its `count_tokens`): the exchange with
+    an `anthropic` route, or the chat path's answer translated back, or an Anthropic error."""
+    arrival, wall_arrival = time.perf_counter(), time.time()
+    request_id = next_request_id()
+    settings = gateway.settings
+    try:
+        tenant = gateway.keys.tenant_for(request)
+        raw = await read_body(request, settings.max_body_bytes)
+        body, model, stream = parse_messages(raw, settings, path)
+        route = (await gateway.chain_for(model))[0]
+        if route.kind != "anthropic":
+            return await _translated(request, gateway, path, body, model, route, arrival)
+        timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
+        timing.api = "messages"
+        timing.route = route.name
+        if path is COUNT_TOKENS:  # not a generation: no policy reports, no diagnostics
+            prepared = NativeBody(_renamed(raw, body, model, route))
+        else:
+            prepared = await native_body(gateway, request, route, "messages", raw, body, timing)
+    except GatewayError as exc:
+        return anthropic_error(exc, request_id)
+    return MessagesExchange(request, gateway, path, request_id, route, timing, prepared)
 
-    async def messages(request: Request) -> MessagesExchange:
-        return MessagesExchange(request, gateway, MESSAGES)
 
-    async def count_tokens(request: Request) -> MessagesExchange:
-        return MessagesExchange(request, gateway, COUNT_TOKENS)
+async def _translated(
+    request: Request,
+    gateway: Gateway,
+    path: PassPath,
+    body: dict,
+    model: str,
+    route: Route,
+    arrival: float,
+) -> ASGIApp:
+    """A Messages request for an `openai` or `local` route, served by the chat path."""
+    try:
+        translated = messages_request_to_chat(body)
+    except TranslationError as exc:
+        raise GatewayError(
+            400,
+            f"{exc.message} (model '{model}' is served by route {route.name!r}, kind {route.kind})",
+        ) from None
+    if path is COUNT_TOKENS:
+        count = count_request_tokens(translated.body)
+        return Response(
+            orjson.dumps({"input_tokens": count}),
+            media_type="application/json",
+            headers={"x-firsttoken-estimate": "cl100k_base count of the translated request"},
+        )
+    chat = orjson.dumps(translated.body)
+    inner = await gateway.handle(request, "chat", raw=chat, api="messages", arrival=arrival)
+    return TranslatedAnswer(inner, MessagesShape(model), translated.notes)
 
-    return [
-        HttpRoute("/v1/messages", messages, methods=["POST"]),
-        HttpRoute("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-    ]
+
+def anthropic_error(exc: GatewayError, request_id: str) -> Response:
+    """A gateway error on this door, in Anthropic's shape."""
+    return Response(
+        error_body(exc.message, anthropic_error_type(exc.status)),
+        status_code=exc.status,
+        media_type="application/json",
+        headers={"x-request-id": request_id, "request-id": request_id},
+    )
+
+
+def parse_messages(raw: bytes, settings: Settings, path: PassPath) -> tuple[dict, str, bool]:
+    """(body, model, stream), within the same limits as chat; a 400 naming what is wrong."""
+    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    model = require_model(body, settings.max_model_chars)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise GatewayError(400, "'messages' is required and must be an array.")
+    if len(messages) > settings.max_messages:
+        raise GatewayError(
+            400,
+            f"'messages' has more than {settings.max_messages} entries (FIRSTTOKEN_MAX_MESSAGES).",
+        )
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(400, "'stream' must be a boolean.")
+    return body, model, path is MESSAGES and stream is True
+
+
+def _renamed(raw: bytes, body: dict, model: str, route: Route) -> bytes:
+    """The client's bytes as they came, unless the route renames the model."""
+    upstream_model = route.upstream_model(model)
+    if upstream_model == model:
+        return raw
+    try:
+        return orjson.dumps({**body, "model": upstream_model})
+    except orjson.JSONEncodeError as exc:
+        raise GatewayError(400, f"The request body cannot be encoded as JSON ({exc}).") from None
 
 
 def forward_headers(request: Request) -> dict[str, str]:
@@ -87,114 +178,54 @@ def status_kind(status: int) -> str:
 
 
 class MessagesExchange:
-    """One Messages API request, as a raw ASGI response so that the status line, the upstream
-    connection and the client's departure are all in its hands."""
+    """One Messages API request to an `anthropic` route, as a raw ASGI response so that the
+    status line, the upstream connection and the client's departure are all in its hands."""
 
-    def __init__(self, request: Request, gateway: Gateway, path: PassPath) -> None:
+    def __init__(
+        self,
+        request: Request,
+        gateway: Gateway,
+        path: PassPath,
+        request_id: str,
+        route: Route,
+        timing: RequestTiming,
+        prepared: NativeBody,
+    ) -> None:
         self.request = request
         self.gateway = gateway
         self.settings = gateway.settings
         self.path = path
-        self.request_id = next_request_id()
-        self.timing: RequestTiming | None = None
+        self.request_id = request_id
+        self.route = route
+        self.timing = timing
+        self.prepared = prepared
         self.relay: MessagesRelay | None = None
-        self.client_gone = False
-        self.finished = False
-        self._task: asyncio.Task | None = None
-        self._watcher: asyncio.Future | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        arrival, wall_arrival = time.perf_counter(), time.time()
-        self._task = asyncio.current_task()
+        watch = ClientWatch()
+        watch.start(receive)
+        self.relay = MessagesRelay(
+            send, self.timing, self.request_id, self.route.name, self.settings, self.prepared
+        )
         try:
-            tenant = self.gateway.keys.tenant_for(self.request)
-            raw = await read_body(self.request, self.settings.max_body_bytes)
-            self._watch_disconnect(receive)
-            body, model, stream = self._parse(raw)
-            route = self._route(model)
-            await self.gateway.upstream_ready(route.name)
-            self.timing = RequestTiming(
-                tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival
-            )
-            self.timing.route = route.name
-            self.relay = MessagesRelay(
-                send, self.timing, self.request_id, route.name, self.settings
-            )
-            data = self._upstream_body(raw, body, model, route)
-            await self._exchange(route, data, stream)
+            await self._exchange(self.route, self.prepared.data, self.timing.stream)
         except asyncio.CancelledError:
-            if not self.client_gone or self._task is None:
+            if not watch.absorbed():
                 raise
-            self._task.uncancel()
-            if self.timing is not None:
-                self.timing.status = "client_gone"
+            self.timing.status = "client_gone"
         except GatewayError as exc:
             await self._fail(send, exc)
         except Exception:  # a bug fails this request alone, with a clean 500 (logged)
             log.exception("request %s: unhandled error on %s", self.request_id, scope["path"])
             await self._fail(send, GatewayError(500, "Internal gateway error."))
         finally:
-            self.finished = True
-            if self._watcher is not None:
-                self._watcher.cancel()
+            watch.stop()
             self._record()
-
-    # -- the request ---------------------------------------------------------------------
-
-    def _parse(self, raw: bytes) -> tuple[dict, str, bool]:
-        """(body, model, stream), within the same limits as chat; a 400 naming what is wrong."""
-        settings = self.settings
-        body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
-        model = require_model(body, settings.max_model_chars)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise GatewayError(400, "'messages' is required and must be an array.")
-        if len(messages) > settings.max_messages:
-            raise GatewayError(
-                400,
-                f"'messages' has more than {settings.max_messages} entries "
-                "(FIRSTTOKEN_MAX_MESSAGES).",
-            )
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise GatewayError(400, "'stream' must be a boolean.")
-        return body, model, self.path is MESSAGES and stream is True
-
-    def _route(self, model: str) -> Route:
-        """The `anthropic` route serving `model`: a 404 when none serves it, a 400 when the
-        route is of another kind (the request is never sent to the wrong provider's shape)."""
-        table = self.gateway.table
-        route = table.match(model)
-        if route is None:
-            if not table.routes:
-                raise GatewayError(503, "No route is configured (FIRSTTOKEN_ROUTES).")
-            raise GatewayError(404, f"The model '{model}' is not served by any route.")
-        if route.kind != "anthropic":
-            raise GatewayError(
-                400,
-                f"The model '{model}' is served by route {route.name!r} ({route.kind}); "
-                f"/v1/messages serves anthropic routes only: translation to {route.kind} "
-                "routes is not supported yet.",
-            )
-        return route
-
-    @staticmethod
-    def _upstream_body(raw: bytes, body: dict, model: str, route: Route) -> bytes:
-        """The client's bytes as they came, unless the route renames the model."""
-        upstream_model = route.upstream_model(model)
-        if upstream_model == model:
-            return raw
-        try:
-            return orjson.dumps({**body, "model": upstream_model})
-        except orjson.JSONEncodeError as exc:
-            raise GatewayError(
-                400, f"The request body cannot be encoded as JSON ({exc})."
-            ) from None
 
     # -- the exchange --------------------------------------------------------------------
 
     async def _exchange(self, route: Route, data: bytes, stream: bool) -> None:
-        assert self.timing is not None and self.relay is not None
+        assert self.relay is not None
         upstream = self.gateway.upstreams[route.name]
         headers = forward_headers(self.request)
         timeout = route.timeout_s or self.settings.timeout_s
@@ -220,31 +251,17 @@ class MessagesExchange:
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         level = logging.INFO if 400 <= exc.status < 500 else logging.WARNING
         log.log(level, "request %s failed: %s", self.request_id, exc.message)
-        if self.timing is not None and self.timing.status == "ok":
+        if self.timing.status == "ok":
             self.timing.status = status_kind(exc.status)
         if self.relay is not None:
             await self.relay.error(exc)
         else:
             await send_error(send, exc, self.request_id)
 
-    # -- the client's side ---------------------------------------------------------------
-
-    def _watch_disconnect(self, receive: Receive) -> None:
-        """From here on, a client that leaves cancels the exchange (closing the upstream)."""
-        self._watcher = asyncio.ensure_future(wait_for_disconnect(receive))
-        self._watcher.add_done_callback(self._on_disconnect)
-
-    def _on_disconnect(self, watcher: asyncio.Future) -> None:
-        if self.finished or watcher.cancelled() or watcher.exception() is not None:
-            return
-        self.client_gone = True
-        if self._task is not None:
-            self._task.cancel()
-
     def _record(self) -> None:
         """One telemetry event per `messages` request that reached a route (count_tokens is
         not a generation and is not recorded); telemetry never fails the request."""
-        if self.timing is None or self.path is not MESSAGES:
+        if self.path is not MESSAGES:
             return
         try:
             self.gateway.telemetry.record(self.timing.to_event())

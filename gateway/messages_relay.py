@@ -20,38 +20,19 @@ import orjson
 from starlette.types import Send
 
 from gateway.errors import GatewayError
+from gateway.native_body import NativeBody
 from gateway.passthrough_relay import is_json, read_bounded
 from gateway.request_id import REQUEST_ID_HEADER
 from gateway.settings import Settings
-from gateway.sse import SSE_RAW_HEADERS, EventTooLarge, SSEEvent, SSEParser
+from gateway.sse import SSE_RAW_HEADERS, EventTooLarge, SSEEvent, SSEParser, event_name
 from gateway.timing import RequestTiming
-from gateway.upstreams.anthropic_format import openai_usage
+from gateway.translation.anthropic import openai_usage
+from gateway.translation.messages_chat import anthropic_error_type
 from gateway.upstreams.base import has_request_id, relayed_headers
 
-# Anthropic's error types by HTTP status. 502 and 503 are the gateway's own (an upstream that
-# broke its protocol, one that cannot be reached or did not start); 529 is Anthropic's overload.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
 # Events after which nothing more is read: the end of the answer, or its failure.
 FINAL_EVENTS = frozenset({"message_stop", "error"})
 USAGE_EVENTS = frozenset({"message_start", "message_delta"})
-
-
-def error_type(status: int) -> str:
-    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
 def error_body(message: str, type: str) -> bytes:
@@ -85,7 +66,7 @@ async def send_error(
     """A gateway error on this door, with its status and message, in Anthropic's shape; it
     names the gateway's request id unless `headers` (the upstream's) carry one."""
     own = [(REQUEST_ID_HEADER, request_id.encode())]
-    body = error_body(exc.message, error_type(exc.status))
+    body = error_body(exc.message, anthropic_error_type(exc.status))
     await send_whole(send, exc.status, headers or own, body)
 
 
@@ -106,9 +87,16 @@ class MessagesRelay:
     `streaming` once an event stream did (a failure is then an `error` event)."""
 
     def __init__(
-        self, send: Send, timing: RequestTiming, request_id: str, route: str, settings: Settings
+        self,
+        send: Send,
+        timing: RequestTiming,
+        request_id: str,
+        route: str,
+        settings: Settings,
+        prepared: NativeBody,
     ) -> None:
         self.send = send
+        self.prepared = prepared
         self.timing = timing
         self.request_id = request_id
         self.route = route
@@ -145,7 +133,7 @@ class MessagesRelay:
             self.started = self.ended = True
             await send_error(self.send, exc, self.request_id, headers)
         elif self.streaming and not self.ended:
-            await self.end(error_event(exc.message, error_type(exc.status)))
+            await self.end(error_event(exc.message, anthropic_error_type(exc.status)))
 
     # -- the answer ------------------------------------------------------------------------
 
@@ -195,12 +183,16 @@ class MessagesRelay:
         if status < 300 and "usage" in parsed:
             self.timing.usage = openai_usage(parsed["usage"])
         headers = answer_headers(resp.raw_headers, self.request_id, retry=retry)
-        await self.whole(status, headers, raw)
+        await self.whole(status, [*headers, *await self._policy_headers()], raw)
+
+    async def _policy_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = await self.prepared.headers()
+        return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def _events(self, resp: aiohttp.ClientResponse) -> None:
         """Whole events as they complete, each write the moment its read came in."""
         headers = answer_headers(resp.raw_headers, self.request_id)
-        await self.start(200, [*SSE_RAW_HEADERS, *headers])
+        await self.start(200, [*SSE_RAW_HEADERS, *headers, *await self._policy_headers()])
         self.streaming = True
         limit = self.settings.max_event_bytes
         parser = SSEParser(limit)
@@ -239,7 +231,7 @@ class MessagesRelay:
         content = final = False
         cut = len(events)
         for i, event in enumerate(events):
-            name = event.event or _type_of(event.data)
+            name = event_name(event)
             if name == "content_block_delta":
                 content = True
             elif name in USAGE_EVENTS:
@@ -273,15 +265,3 @@ class MessagesRelay:
             return
         self._usage.update((k, v) for k, v in usage.items() if v is not None)
         self.timing.usage = openai_usage(self._usage)
-
-
-def _type_of(data: bytes | None) -> str | None:
-    """An event without an `event:` line is named by its payload's `type`."""
-    if not data:
-        return None
-    try:
-        payload = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    kind = payload.get("type") if isinstance(payload, dict) else None
-    return kind if isinstance(kind, str) else None

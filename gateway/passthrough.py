@@ -21,13 +21,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.client_watch import ClientWatch
 from gateway.errors import GatewayError
-from gateway.passthrough_relay import Relay
+from gateway.passthrough_relay import AnswerObserver, Relay
 from gateway.request_body import parse_json, read_body
 from gateway.routes import Route, RouteTable
 from gateway.upstream_paths import PassPath, parse_target
@@ -106,24 +108,36 @@ async def passthrough(request: Request, gateway: Gateway) -> Exchange:
     return Exchange(request, gateway)
 
 
+@dataclass
+class ReadyBody:
+    """A JSON body that a door (`responses_api`) already read, checked and rewrote, and what
+    reads the answer for it (telemetry, policy headers) and is told how it ended."""
+
+    data: bytes
+    body: dict
+    observer: DoorObserver
+
+
+class DoorObserver(AnswerObserver, Protocol):
+    def finish(self, status: int) -> None: ...
+
+
 class Exchange:
     """One passthrough request, as a raw ASGI response so that the status line, the upstream
     connection and the client's departure are all in its hands."""
 
-    def __init__(self, request: Request, gateway: Gateway) -> None:
+    def __init__(self, request: Request, gateway: Gateway, ready: ReadyBody | None = None) -> None:
         self.request = request
         self.gateway = gateway
+        self.ready = ready
         self.settings = gateway.settings
         self.relay: Relay | None = None
-        self.client_gone = False
-        self.finished = False
         self.upload_error: BaseException | None = None
-        self._watcher: asyncio.Future | None = None
-        self._task: asyncio.Task | None = None
+        self.watch: ClientWatch | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = time.perf_counter()
-        self._task = asyncio.current_task()
+        self.watch = watch = ClientWatch()
         tenant, family, status = None, "invalid", 500
         try:
             tenant = self.gateway.keys.tenant_for(self.request)
@@ -133,9 +147,8 @@ class Exchange:
             family = path.family
             status = await self._exchange(tenant, path, scope["method"], receive, send)
         except asyncio.CancelledError:
-            if not self.client_gone or self._task is None:
+            if not watch.absorbed():
                 raise
-            self._task.uncancel()
             status = 499
         except _ClientGone:
             status = 499
@@ -144,10 +157,10 @@ class Exchange:
             if self.relay is None or not self.relay.started:
                 await exc.to_response()(scope, receive, send)
         finally:
-            self.finished = True
-            if self._watcher is not None:
-                self._watcher.cancel()
-            if tenant is not None:
+            watch.stop()
+            if self.ready is not None:
+                self.ready.observer.finish(status)
+            elif tenant is not None:
                 self._observe(tenant, family, status, time.perf_counter() - arrival)
 
     def _observe(self, tenant: str, family: str, status: int, seconds: float) -> None:
@@ -162,16 +175,8 @@ class Exchange:
 
     def _watch_disconnect(self, receive: Receive) -> None:
         """From here on, a client that leaves cancels the exchange (closing the upstream)."""
-        if self._watcher is None and not self.finished:
-            self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-            self._watcher.add_done_callback(self._on_disconnect)
-
-    def _on_disconnect(self, watcher: asyncio.Future) -> None:
-        if self.finished or watcher.cancelled() or watcher.exception() is not None:
-            return
-        self.client_gone = True
-        if self._task is not None:
-            self._task.cancel()
+        if self.watch is not None:
+            self.watch.start(receive)
 
     async def _upload(self, receive: Receive, limit: int) -> AsyncIterator[bytes]:
         """The client's body streamed to the upstream as it arrives, within `limit` bytes."""
@@ -234,7 +239,12 @@ class Exchange:
                 type="invalid_request_error",
                 code="method_not_allowed",
             )
-        data, body, content_type = await self._read_request(path, receive)
+        content_type: str | None
+        if self.ready is not None:
+            data, body, content_type = self.ready.data, self.ready.body, "application/json"
+            self._watch_disconnect(receive)
+        else:
+            data, body, content_type = await self._read_request(path, receive)
         objects = self.gateway.objects
         owner_route = await objects.check_request(tenant, path, method, body)
         model = body.get("model") if isinstance(body, dict) else None
@@ -249,7 +259,10 @@ class Exchange:
             declared = self.request.headers.get("content-length")
             if declared is not None and not isinstance(data, bytes):
                 headers["content-length"] = declared  # a streamed upload keeps its length
-        self.relay = relay = Relay(send, self.settings, objects, tenant, path, method, route)
+        observer = self.ready.observer if self.ready is not None else None
+        self.relay = relay = Relay(
+            send, self.settings, objects, tenant, path, method, route, observer
+        )
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):
@@ -296,10 +309,3 @@ def _too_large(limit: int, variable: str) -> GatewayError:
         f"Request body exceeds the limit of {limit} bytes ({variable}).",
         code="request_too_large",
     )
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -13,7 +13,8 @@ sees them.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -23,7 +24,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.ownership import Ownership
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import SSE_HEADERS, EventTooLarge, SSEParser
+from gateway.sse import SSE_HEADERS, EventTooLarge, SSEEvent, SSEParser
 from gateway.upstream_paths import PassPath
 
 log = logging.getLogger("firsttoken.passthrough")
@@ -40,6 +41,14 @@ RESPONSE_HEADERS = frozenset(
 )
 RESPONSE_HEADER_PREFIXES = ("x-ratelimit-",)
 CREATED_EVENTS_SCANNED = 4  # a create's first event names what it created
+
+
+class AnswerObserver(Protocol):
+    """What a door that owns a passthrough request reads of its answer, as it goes out."""
+
+    async def headers(self) -> dict[str, str]: ...
+    def whole(self, raw: bytes) -> None: ...
+    def events(self, events: list[SSEEvent], arrived: float) -> None: ...
 
 
 def response_headers(upstream: Any) -> dict[str, str]:
@@ -63,8 +72,10 @@ class Relay:
         path: PassPath,
         method: str,
         route: Route,
+        observer: AnswerObserver | None = None,
     ) -> None:
         self.send = send
+        self.observer = observer
         self.settings = settings
         self.objects = objects
         self.tenant = tenant
@@ -103,6 +114,8 @@ class Relay:
             raw = await read_bounded(resp, self.settings.max_response_bytes, name)
             if status < 300 and self.objects.enabled and self.path.collection is not None:
                 raw = await self._owned(raw)
+            if status < 300 and self.observer is not None:
+                self.observer.whole(raw)
             await self.whole(status, headers, raw)
             return status
         return await self.download(resp, status, headers, self.settings.max_upload_bytes)
@@ -122,6 +135,8 @@ class Relay:
         return raw if changed is payload else orjson.dumps(changed)
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
+        if self.observer is not None:
+            headers = {**await self.observer.headers(), **headers}  # the upstream's id wins
         raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
         self.started = True
@@ -173,13 +188,18 @@ class Relay:
         # event with our error event glued to it.
         parser, scanned = SSEParser(limit), 0
         held: list[bytes] = []  # raw events kept back until a create's ids are recorded
+        observer = self.observer
+        observed: list[SSEEvent] = []  # events read since the observer last saw some
         status = 200
         try:
             async for chunk in resp.content.iter_any():
+                arrived = time.perf_counter()
                 try:
                     events, too_big = parser.feed(chunk), False
                 except EventTooLarge as exc:  # deliver the events that did complete, then report
                     events, too_big = exc.events, True
+                if observer is not None:
+                    observed.extend(events)
                 if watch:
                     for event in events:
                         scanned += 1
@@ -197,6 +217,9 @@ class Relay:
                     out = b"".join(event.raw for event in events)
                 if out:
                     await self.write(out)
+                    if observer is not None:
+                        observer.events(observed, arrived)
+                        observed = []
                 if too_big:
                     status = 502
                     await self.error_event(
@@ -204,9 +227,12 @@ class Relay:
                     )
                     break
             else:
-                out = b"".join([*held, *(event.raw for event in parser.flush())])
+                rest = parser.flush()
+                out = b"".join([*held, *(event.raw for event in rest)])
                 if out:
                     await self.write(out)
+                    if observer is not None:
+                        observer.events([*observed, *rest], time.perf_counter())
         except GatewayError as exc:
             await self.error_event(exc.message, exc.type)
             status = exc.status

@@ -17,6 +17,7 @@ from typing import TypeVar
 from starlette.responses import Response
 from starlette.types import Receive
 
+from gateway.client_watch import wait_for_disconnect
 from gateway.errors import GatewayError
 from gateway.prepared import PreparedRequest
 from gateway.routes import Route
@@ -157,14 +158,6 @@ class Proxy:
         )
         response.raw_headers.extend(upstream_headers(plan, result.headers))
         return response
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    await asyncio.sleep(0)  # let the upstream request go out first (see report_headers)
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def upstream_headers(

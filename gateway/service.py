@@ -192,15 +192,29 @@ class Gateway:
 
     # requests ------------------------------------------------------------------------------
 
-    async def handle(self, request: Request, endpoint: str) -> ASGIApp:
+    async def handle(
+        self,
+        request: Request,
+        endpoint: str,
+        *,
+        raw: bytes | None = None,
+        api: str | None = None,
+        arrival: float | None = None,
+    ) -> ASGIApp:
         """The answer to one chat or completions request: a whole response, or a stream relay
-        that starts the upstream request when the server runs it."""
-        arrival, wall_arrival = time.perf_counter(), time.time()
+        that starts the upstream request when the server runs it.
+
+        A door of another API (`responses`, `messages`) that translated its request to chat
+        passes the chat body as `raw`, its own name as `api` and the time its request came."""
+        if arrival is None:
+            arrival = time.perf_counter()
+        wall_arrival = time.time()
         request_id = next_request_id()
         try:
             tenant = self.keys.tenant_for(request)
             settings = self.settings
-            raw = await read_body(request, settings.max_body_bytes)
+            if raw is None:
+                raw = await read_body(request, settings.max_body_bytes)
             big = (
                 await self._prepare_big(request, endpoint, tenant, raw)
                 if self.offload.is_big(len(raw))
@@ -211,13 +225,14 @@ class Gateway:
             else:
                 body, model = parse_request(raw, endpoint, settings)
                 stream = bool(body.get("stream"))
-            chain = await self._chain_for(model)
+            chain = await self.chain_for(model)
             timing = RequestTiming(
                 tenant=tenant,
                 model=model,
                 stream=stream,
                 arrival=arrival,
                 wall_arrival=wall_arrival,
+                api=api or endpoint,
             )
             call = Call(request, request_id, endpoint, timing, chain)
             if big is not None:
@@ -237,7 +252,7 @@ class Gateway:
             return StreamRelay(self.proxy, plan, timing)
         return await self.proxy.complete(plan, timing, request.receive)
 
-    async def _chain_for(self, model: str) -> list[Route]:
+    async def chain_for(self, model: str) -> list[Route]:
         """The route serving `model` and its fallbacks that started; 404 when none serves it."""
         route = self.table.match(model)
         if route is None:

@@ -147,3 +147,18 @@ def _parse_event(raw: bytes) -> SSEEvent:
 
 def encode_data(obj: object) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def event_name(event: SSEEvent) -> str | None:
+    """An event's name: its `event:` line, else its payload's `type` (parsed only then)."""
+    if event.event is not None:
+        return event.event
+    data = event.data
+    if not data or b'"type"' not in data:
+        return None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    return kind if isinstance(kind, str) else None

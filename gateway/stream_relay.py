@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.client_watch import wait_for_disconnect
 from gateway.errors import sse_error_event
 from gateway.prepared import PreparedRequest
 from gateway.proxy import (
@@ -25,7 +26,6 @@ from gateway.proxy import (
     status_kind,
     upstream_error_response,
     upstream_headers,
-    wait_for_disconnect,
 )
 from gateway.routes import Route
 from gateway.sse import DONE, KEEPALIVE, SSE_RAW_HEADERS

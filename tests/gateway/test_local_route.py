@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from engine_backend.demo import RandomModelSpec, write_random_model
 from gateway.settings import Settings
 from tests.support.clients import sdk_client
-from tests.support.gateway import GatewayThread
+from tests.support.gateway import GatewayThread, capture_events, wait_for
 
 TINY = RandomModelSpec(
     hidden_size=64,
@@ -158,3 +159,41 @@ def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway)
         time.sleep(0.01)
     assert not llm.has_unfinished(), "the engine kept generating for a client that left"
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+
+
+def test_messages_and_responses_apis_on_the_local_route(tiny_model, make_gateway):
+    """Both other APIs are translated to chat for the engine: greedy, they say what chat says."""
+    gw = make_gateway([local_route(tiny_model)])
+    events = capture_events(gw)
+    prompt = [{"role": "user", "content": LONG}]
+    chat = sdk(gw).chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0, messages=prompt
+    )
+    expected = chat.choices[0].message.content
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0, timeout=60)
+    greedy = {"temperature": 0}  # this SDK's signature has no `temperature`; the API has
+    message = claude.messages.create(model="tiny", max_tokens=4, messages=prompt, extra_body=greedy)
+    assert message.content[0].text == expected and message.model == "tiny"
+    assert message.usage.output_tokens == chat.usage.completion_tokens
+    with claude.messages.stream(
+        model="tiny", max_tokens=4, messages=prompt, extra_body=greedy
+    ) as stream:
+        assert "".join(stream.text_stream) == expected
+    response = sdk(gw).responses.create(
+        model="tiny", max_output_tokens=4, temperature=0, input=LONG
+    )
+    assert response.output_text == expected
+    streamed = list(
+        sdk(gw).responses.create(
+            model="tiny", max_output_tokens=4, temperature=0, input=LONG, stream=True
+        )
+    )
+    deltas = [e.delta for e in streamed if e.type == "response.output_text.delta"]
+    # Cut by max_output_tokens, as OpenAI ends such a response: `response.incomplete`.
+    assert streamed[-1].type == "response.incomplete"
+    final = streamed[-1].response
+    assert "".join(deltas) == expected == final.output_text
+    assert final.usage.input_tokens_details.cached_tokens > 0  # the engine's prefix cache hit
+    recorded = [e for e in wait_for(events, count=2, api="messages") if e.stream]
+    assert recorded and recorded[0].ttft_s is not None
+    assert len(wait_for(events, count=2, api="responses")) == 2

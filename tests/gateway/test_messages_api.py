@@ -9,14 +9,14 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.gateway import anthropic_route, openai_route
+from tests.support.gateway import anthropic_route, capture_events, openai_route, wait_for
 
 KEYS = "acme:key-a,globex:key-b"
 UPSTREAM_KEY = "sk-upstream-secret"  # what make_gateway puts in MOCK_KEY
 SYSTEM = [
     {
         "type": "text",
-        "text": "You are a weather bot. " * 20,
+        "text": " ".join(["You are a weather bot."] * 20),
         "cache_control": {"type": "ephemeral"},
     }
 ]
@@ -135,18 +135,129 @@ def test_tenant_key_by_x_api_key_or_bearer_and_bad_key_is_401(mock_upstream, mak
     assert len(message_posts(mock_upstream)) == 2
 
 
-def test_openai_route_model_is_an_anthropic_shaped_400(mock_upstream, make_gateway):
+# -- openai routes: translated to chat -----------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+PLAIN_TOOLS = [{k: v for k, v in TOOLS[0].items() if k != "cache_control"}]
+
+
+def test_openai_route_serves_messages_translated_with_tools(mock_upstream, make_gateway):
+    mock_upstream.mock.behaviour.tool_call = True
+    mock_upstream.mock.behaviour.cached_tokens = 4
     gw = make_gateway([anthropic_route(mock_upstream), openai_route(mock_upstream)])
-    with pytest.raises(anthropic.BadRequestError) as caught:
-        claude_client(gw).messages.create(model="gpt-4o", max_tokens=8, messages=MESSAGES)
-    body = caught.value.body
-    assert isinstance(body, dict) and body["type"] == "error"
-    assert body["error"]["type"] == "invalid_request_error"
-    assert "not supported yet" in body["error"]["message"]
-    assert mock_upstream.mock.requests == [] or all(
-        r["path"] != "/v1/chat/completions" for r in mock_upstream.mock.requests
+    message = claude_client(gw).messages.create(
+        model="gpt-4o", max_tokens=30, system="Be brief.", tools=PLAIN_TOOLS, messages=MESSAGES
     )
-    assert message_posts(mock_upstream) == []
+    assert message.model == "gpt-4o" and message.stop_reason == "tool_use"
+    (tool,) = [block for block in message.content if block.type == "tool_use"]
+    assert tool.name == "get_weather" and tool.input == {"city": "Paris"}
+    assert message.usage.cache_read_input_tokens == 4 and message.usage.input_tokens == 6
+    (sent,) = message_posts(mock_upstream, CHAT)
+    body = sent["body"]
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert body["tools"][0]["function"]["name"] == "get_weather"
+    assert body["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
+    assert body["max_tokens"] == 30
+    assert message_posts(mock_upstream) == []  # never the anthropic route
+
+
+def test_openai_route_streams_messages_events_and_records_ttft(mock_upstream, make_gateway):
+    mock_upstream.mock.behaviour.first_delay_s = 0.05
+    gw = make_gateway([openai_route(mock_upstream)])
+    events = capture_events(gw)
+    with claude_client(gw).messages.stream(
+        model="gpt-4o", max_tokens=32, messages=MESSAGES
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "tok0 tok1 tok2 tok3 tok4 "
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 5
+    (event,) = wait_for(events, api="messages")
+    assert event.route == "mock" and event.ttft_s is not None and event.ttft_s >= 0.045
+
+
+def test_openai_route_takes_a_tool_result_round_trip_and_drops_thinking(
+    mock_upstream, make_gateway
+):
+    gw = make_gateway([openai_route(mock_upstream)])
+    history = [
+        MESSAGES[0],
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "The user wants weather.", "signature": "s"},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}],
+        },
+    ]
+    raw = claude_client(gw).messages.with_raw_response.create(
+        model="gpt-4o", max_tokens=30, tools=PLAIN_TOOLS, messages=history
+    )
+    assert raw.parse().content[0].type == "text"
+    assert "thinking" in raw.headers["x-firsttoken-translation"]
+    sent = message_posts(mock_upstream, CHAT)[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["id"] == "toolu_1"
+    assert sent[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"}
+
+
+def test_openai_route_count_tokens_is_an_estimate_that_says_so(mock_upstream, make_gateway):
+    gw = make_gateway([openai_route(mock_upstream)])
+    resp = httpx.post(
+        gw.url + "/v1/messages/count_tokens",
+        json={"model": "gpt-4o", "messages": MESSAGES},
+        timeout=10,
+    )
+    assert resp.status_code == 200 and resp.json()["input_tokens"] > 3
+    assert "estimate" not in resp.json() and "cl100k" in resp.headers["x-firsttoken-estimate"]
+    assert mock_upstream.mock.requests == []
+
+
+def test_untranslatable_block_is_an_anthropic_400(mock_upstream, make_gateway):
+    gw = make_gateway([openai_route(mock_upstream)])
+    document = {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+    }
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude_client(gw).messages.create(
+            model="gpt-4o", max_tokens=8, messages=[{"role": "user", "content": [document]}]
+        )
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "document" in caught.value.body["error"]["message"]  # type: ignore[index]
+    assert mock_upstream.mock.requests == []
+
+
+# -- policies on the Messages shape ----------------------------------------------------------
+
+LONG_SYSTEM = " ".join(
+    f"Rule {i}: answer about the weather in city number {i}." for i in range(150)
+)
+
+
+def test_cache_hints_add_breakpoints_only_where_the_client_set_none(mock_upstream, make_gateway):
+    gw = make_gateway([anthropic_route(mock_upstream)])
+    client = claude_client(gw)
+    client.messages.create(
+        model="claude-x",
+        max_tokens=8,
+        system=LONG_SYSTEM,
+        messages=[{"role": "user", "content": "Weather?"}],
+    )
+    body = message_posts(mock_upstream)[0]["body"]
+    assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert body["system"][-1]["text"] == LONG_SYSTEM
+    client.messages.create(model="claude-x", max_tokens=8, system=SYSTEM, messages=MESSAGES)
+    assert message_posts(mock_upstream)[1]["body"]["system"] == SYSTEM  # the client's, kept
 
 
 def test_unknown_model_is_a_404(mock_upstream, make_gateway):

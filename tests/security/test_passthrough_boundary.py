@@ -318,8 +318,8 @@ def test_a_model_of_another_route_kind_is_refused_not_sent_to_the_wrong_provider
     mock_upstream, make_gateway
 ):
     gw = make_gateway([anthropic_route(mock_upstream), openai_route(mock_upstream)])
-    with pytest.raises(openai.BadRequestError) as caught:
-        sdk_client(gw).responses.create(model="claude-x", input="hi")
+    with pytest.raises(openai.BadRequestError) as caught:  # Anthropic has no embeddings
+        sdk_client(gw).embeddings.create(model="claude-x", input="hi")
     assert caught.value.body["code"] == "unsupported_route_kind"
     assert "claude" in caught.value.message
     assert mock_upstream.mock.requests == []  # neither provider heard of it

@@ -78,3 +78,28 @@ class GatewayThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self._thread.join(15)
+
+
+def capture_events(gw: GatewayThread) -> list:
+    """Every telemetry event `gw` records from now on, in order (they are still recorded)."""
+    telemetry = gw.gateway.telemetry
+    original = telemetry.record
+    events: list = []
+
+    def record(event) -> None:
+        events.append(event)
+        original(event)
+
+    telemetry.record = record
+    return events
+
+
+def wait_for(events: list, count: int = 1, timeout: float = 5.0, **fields: Any) -> list:
+    """The events whose attributes equal `fields`, once there are `count` of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in events if all(getattr(e, k) == v for k, v in fields.items())]
+        if len(found) >= count or time.monotonic() > deadline:
+            assert len(found) >= count, f"fewer than {count} events with {fields}: {events}"
+            return found
+        time.sleep(0.02)
