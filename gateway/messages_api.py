@@ -48,8 +48,7 @@ from gateway.request_id import next_request_id
 from gateway.routes import Route
 from gateway.settings import Settings
 from gateway.timing import RequestTiming
-from gateway.translated_answer import MessagesShape, TranslatedAnswer
-from gateway.translation.chat_to_anthropic import TranslationError
+from gateway.translated_answer import MessagesShape, serve_as_chat, translate_request
 from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
 from gateway.upstream_paths import PassPath, fixed_path
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
@@ -100,13 +99,7 @@ async def _translated(
     arrival: float,
 ) -> ASGIApp:
     """A Messages request for an `openai` or `local` route, served by the chat path."""
-    try:
-        translated = messages_request_to_chat(body)
-    except TranslationError as exc:
-        raise GatewayError(
-            400,
-            f"{exc.message} (model '{model}' is served by route {route.name!r}, kind {route.kind})",
-        ) from None
+    translated = translate_request(messages_request_to_chat, body, model, route)
     if path is COUNT_TOKENS:
         count = count_request_tokens(translated.body)
         return Response(
@@ -114,9 +107,8 @@ async def _translated(
             media_type="application/json",
             headers={"x-firsttoken-estimate": "cl100k_base count of the translated request"},
         )
-    chat = orjson.dumps(translated.body)
-    inner = await gateway.handle(request, "chat", raw=chat, api="messages", arrival=arrival)
-    return TranslatedAnswer(inner, MessagesShape(model), translated.notes)
+    shape = MessagesShape(model)
+    return await serve_as_chat(gateway, request, translated, "messages", shape, arrival)
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:

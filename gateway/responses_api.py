@@ -32,8 +32,7 @@ from gateway.request_body import parse_json, read_body, require_model
 from gateway.request_id import next_request_id
 from gateway.sse import SSEEvent, event_name
 from gateway.timing import RequestTiming, token_count
-from gateway.translated_answer import ResponsesShape, TranslatedAnswer
-from gateway.translation.chat_to_anthropic import TranslationError
+from gateway.translated_answer import ResponsesShape, serve_as_chat, translate_request
 from gateway.translation.responses_chat import responses_request_to_chat
 
 if TYPE_CHECKING:
@@ -71,21 +70,9 @@ async def responses_door(request: Request, gateway: Gateway) -> ASGIApp:
         chain = await gateway.chain_for(model)
         route = chain[0]
         if route.kind != "openai":
-            try:
-                translated = responses_request_to_chat(body)
-            except TranslationError as exc:
-                raise GatewayError(
-                    400,
-                    f"{exc.message} (model '{model}' is served by route {route.name!r}, "
-                    f"kind {route.kind})",
-                    param=exc.param,
-                    code="unsupported_on_route",
-                ) from None
-            chat = orjson.dumps(translated.body)
-            inner = await gateway.handle(
-                request, "chat", raw=chat, api="responses", arrival=arrival
-            )
-            return TranslatedAnswer(inner, ResponsesShape(body, model), translated.notes)
+            translated = translate_request(responses_request_to_chat, body, model, route)
+            shape = ResponsesShape(body, model)
+            return await serve_as_chat(gateway, request, translated, "responses", shape, arrival)
         timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
         timing.api = "responses"
         timing.route = route.name

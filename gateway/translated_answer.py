@@ -18,24 +18,62 @@ translators take nothing on trust (see `gateway.translation`).
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.errors import GatewayError
+from gateway.routes import Route
 from gateway.sse import DONE_DATA, KEEPALIVE, SSEParser
+from gateway.translation.chat_to_anthropic import TranslationError
 from gateway.translation.messages_chat import (
     ChatToMessagesStream,
+    Translated,
     chat_completion_to_message,
     chat_error_to_messages,
 )
 from gateway.translation.responses_chat import ChatToResponsesStream, chat_completion_to_response
+
+if TYPE_CHECKING:
+    from gateway.service import Gateway
 
 log = logging.getLogger("firsttoken.translated")
 
 NOTES_HEADER = b"x-firsttoken-translation"
 # The gateway's own chunks are small; this bounds a (buggy) one all the same.
 MAX_CHAT_EVENT_BYTES = 16 * 1024 * 1024
+
+
+def translate_request(
+    translate: Callable[[dict], Translated], body: dict, model: str, route: Route
+) -> Translated:
+    """The chat request for `body`; what cannot be translated is a 400 naming the route."""
+    try:
+        return translate(body)
+    except TranslationError as exc:
+        raise GatewayError(
+            400,
+            f"{exc.message} (model '{model}' is served by route {route.name!r}, kind {route.kind})",
+            param=exc.param,
+            code="unsupported_on_route",
+        ) from None
+
+
+async def serve_as_chat(
+    gateway: Gateway,
+    request: Request,
+    translated: Translated,
+    api: str,
+    shape: AnswerShape,
+    arrival: float,
+) -> ASGIApp:
+    """The chat path's answer to the translated request, in `shape`'s API."""
+    chat = orjson.dumps(translated.body)
+    inner = await gateway.handle(request, "chat", raw=chat, api=api, arrival=arrival)
+    return TranslatedAnswer(inner, shape, translated.notes)
 
 
 class AnswerShape(Protocol):

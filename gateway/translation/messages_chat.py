@@ -8,20 +8,26 @@ named in `Translated.notes` so the gateway can say so in a response header. Fiel
 counterpart that change little (`top_k`, `metadata`, `service_tier`, `container`, ...) are
 dropped without a note.
 
-The chat answer is untrusted: a field of the wrong type loses only itself, never the answer.
-The stream translator returns each event as soon as its chunk is fed, so no token waits.
+The chat answer (untrusted) is read by `chat_answer`; this module writes it as an Anthropic
+`message`, or as Messages stream events that go out with the chunk that made them.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.timing import token_count
+from gateway.translation.chat_answer import (
+    ChatStreamReader,
+    obj,
+    read_completion,
+    read_usage,
+    sse_event,
+)
 from gateway.translation.chat_to_anthropic import TranslationError
 
 
@@ -60,7 +66,6 @@ ANTHROPIC_ERROR_TYPES = {
 }
 
 _THINKING_NOTE = "thinking blocks dropped"
-_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def anthropic_error_type(status: int) -> str:
@@ -89,23 +94,14 @@ def messages_request_to_chat(body: dict) -> Translated:
         chat_messages.extend(_translate_message(message, f"messages.{i}", notes))
     out["messages"] = chat_messages
 
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None:
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise TranslationError("'max_tokens' must be a positive integer", "max_tokens")
-        out["max_tokens"] = max_tokens
+    copy_max_tokens(body, "max_tokens", out)
     stop = body.get("stop_sequences")
     if stop is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise TranslationError("'stop_sequences' must be a list of strings", "stop_sequences")
         if stop:
             out["stop"] = list(stop)
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TranslationError(f"'{name}' must be a number", name)
-            out[name] = value
+    copy_sampling(body, out)
 
     tools = _translate_tools(body.get("tools"))
     if tools:
@@ -118,6 +114,42 @@ def messages_request_to_chat(body: dict) -> Translated:
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
         _note(notes, "thinking dropped")
+    return finish_request(body, out, notes)
+
+
+# The request steps Messages and Responses share (the Responses translator imports them).
+
+
+def copy_max_tokens(body: dict, name: str, out: dict) -> None:
+    """Chat's `max_tokens` from the client API's output limit `name` (a positive integer)."""
+    max_tokens = body.get(name)
+    if max_tokens is not None:
+        if type(max_tokens) is not int or max_tokens < 1:
+            raise TranslationError(f"'{name}' must be a positive integer", name)
+        out["max_tokens"] = max_tokens
+
+
+def copy_sampling(body: dict, out: dict) -> None:
+    """`temperature` and `top_p`, which mean the same in every API (numbers; a bool is not)."""
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TranslationError(f"'{name}' must be a number", name)
+            out[name] = value
+
+
+def tool_list(tools: Any) -> list:
+    """The client's `tools` as a list (empty when absent); anything else fails the request."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise TranslationError("'tools' must be a list", "tools")
+    return tools
+
+
+def finish_request(body: dict, out: dict, notes: list[str]) -> Translated:
+    """The translated request; a stream asks chat for the usage chunk both APIs end with."""
     if body.get("stream") is True:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
@@ -174,10 +206,23 @@ def _block_type(block: Any, where: str) -> str:
     return block["type"]
 
 
-def _unsupported(kind: str, where: str) -> TranslationError:
-    return TranslationError(
-        f"content block type {kind!r} is not supported for this model's route", f"{where}.type"
-    )
+def _blocks_of(
+    blocks: list, where: str, notes: list[str], kinds: tuple[str, ...]
+) -> Iterator[tuple[str, dict, str]]:
+    """Each block of a turn as (type, block, where), in order; thinking blocks are dropped with
+    a note, and the first block of a type not in `kinds` fails the request."""
+    for j, block in enumerate(blocks):
+        at = f"{where}.{j}"
+        kind = _block_type(block, at)
+        if kind in ("thinking", "redacted_thinking"):
+            _note(notes, _THINKING_NOTE)
+        elif kind in kinds:
+            yield kind, block, at
+        else:
+            raise TranslationError(
+                f"content block type {kind!r} is not supported for this model's route",
+                f"{at}.type",
+            )
 
 
 def _user_messages(blocks: list, where: str, notes: list[str]) -> list[dict]:
@@ -185,19 +230,13 @@ def _user_messages(blocks: list, where: str, notes: list[str]) -> list[dict]:
     (chat wants a tool result right after the assistant message that made the call)."""
     tool_messages: list[dict] = []
     parts: list[dict] = []
-    for j, block in enumerate(blocks):
-        at = f"{where}.{j}"
-        kind = _block_type(block, at)
-        if kind == "text":
-            parts.append({"type": "text", "text": _text_of(block, at)})
+    for kind, block, at in _blocks_of(blocks, where, notes, ("text", "image", "tool_result")):
+        if kind == "tool_result":
+            tool_messages.append(_tool_message(block, at))
         elif kind == "image":
             parts.append(_image_part(block.get("source"), f"{at}.source"))
-        elif kind == "tool_result":
-            tool_messages.append(_tool_message(block, at))
-        elif kind in ("thinking", "redacted_thinking"):
-            _note(notes, _THINKING_NOTE)
         else:
-            raise _unsupported(kind, at)
+            parts.append({"type": "text", "text": _text_of(block, at)})
     out = tool_messages
     if parts:
         out.append({"role": "user", "content": parts})
@@ -207,7 +246,7 @@ def _user_messages(blocks: list, where: str, notes: list[str]) -> list[dict]:
 
 
 def _image_part(source: Any, where: str) -> dict:
-    source = _obj(source)
+    source = obj(source)
     kind = source.get("type")
     if kind == "base64":
         media_type, data = source.get("media_type"), source.get("data")
@@ -257,17 +296,11 @@ def _tool_message(block: dict, where: str) -> dict:
 def _assistant_message(blocks: list, where: str, notes: list[str]) -> list[dict]:
     texts: list[str] = []
     tool_calls: list[dict] = []
-    for j, block in enumerate(blocks):
-        at = f"{where}.{j}"
-        kind = _block_type(block, at)
-        if kind == "text":
-            texts.append(_text_of(block, at))
-        elif kind == "tool_use":
+    for kind, block, at in _blocks_of(blocks, where, notes, ("text", "tool_use")):
+        if kind == "tool_use":
             tool_calls.append(_tool_call(block, at))
-        elif kind in ("thinking", "redacted_thinking"):
-            _note(notes, _THINKING_NOTE)
         else:
-            raise _unsupported(kind, at)
+            texts.append(_text_of(block, at))
     text = "".join(texts)
     if not tool_calls:
         return [{"role": "assistant", "content": text}]
@@ -292,12 +325,8 @@ def _tool_call(block: dict, where: str) -> dict:
 
 
 def _translate_tools(tools: Any) -> list[dict]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise TranslationError("'tools' must be a list", "tools")
     out = []
-    for k, tool in enumerate(tools):
+    for k, tool in enumerate(tool_list(tools)):
         where = f"tools.{k}"
         if not isinstance(tool, dict):
             raise TranslationError("each tool must be an object", where)
@@ -329,7 +358,7 @@ def _translate_tool_choice(choice: Any, out: dict) -> None:
     chat rejects both without them)."""
     if choice is None:
         return
-    choice = _obj(choice)
+    choice = obj(choice)
     kind = choice.get("type")
     if kind == "auto":
         out["tool_choice"] = "auto"
@@ -375,27 +404,28 @@ def _response_format(body: dict) -> dict | None:
 
 def chat_completion_to_message(completion: dict, model: str) -> dict:
     """Translate a `chat.completion` into an Anthropic `message` named `model`."""
-    completion = _obj(completion)
-    choice = _first_choice(completion.get("choices"))
-    message = _obj(choice.get("message"))
+    answer = read_completion(completion)
     content: list[dict] = []
-    text = _message_text(message)
-    if text:
-        content.append({"type": "text", "text": text})
-    tool_calls = message.get("tool_calls")
-    for k, call in enumerate(tool_calls if isinstance(tool_calls, list) else ()):
-        block = _tool_use_block(call, k)
-        if block is not None:
-            content.append(block)
+    if answer.text:
+        content.append({"type": "text", "text": answer.text})
+    for call in answer.tool_calls:
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.call_id or _tool_use_id(call.position),
+                "name": call.name,
+                "input": _arguments_object(call.arguments),
+            }
+        )
     return {
-        "id": "msg_" + id_stem(completion.get("id")),
+        "id": "msg_" + answer.stem,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(choice.get("finish_reason")),
+        "stop_reason": stop_reason(answer.finish_reason),
         "stop_sequence": None,
-        "usage": messages_usage(completion.get("usage")),
+        "usage": messages_usage(answer.usage),
     }
 
 
@@ -409,44 +439,13 @@ def stop_reason(finish_reason: Any) -> str:
 def messages_usage(usage: Any) -> dict:
     """Chat usage -> Anthropic usage. Chat's `prompt_tokens` counts cache reads (and, from the
     gateway's own Anthropic translation, cache writes) too; Anthropic counts them apart."""
-    usage = _obj(usage)
-    details = _obj(usage.get("prompt_tokens_details"))
-    prompt = token_count(usage.get("prompt_tokens"))
-    cached = min(token_count(details.get("cached_tokens")), prompt)
-    written = min(token_count(details.get("cache_write_tokens")), prompt - cached)
+    counts = read_usage(usage)
+    written = min(counts.cache_write, counts.prompt - counts.cached)
     return {
-        "input_tokens": prompt - cached - written,
+        "input_tokens": counts.prompt - counts.cached - written,
         "cache_creation_input_tokens": written,
-        "cache_read_input_tokens": cached,
-        "output_tokens": token_count(usage.get("completion_tokens")),
-    }
-
-
-def _message_text(message: dict) -> str:
-    content = message.get("content")
-    if isinstance(content, str) and content:
-        return content
-    if isinstance(content, list):  # some servers answer with parts
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        text = "".join(t for t in texts if isinstance(t, str))
-        if text:
-            return text
-    refusal = message.get("refusal")
-    return refusal if isinstance(refusal, str) else ""
-
-
-def _tool_use_block(call: Any, k: int) -> dict | None:
-    call = _obj(call)
-    function = _obj(call.get("function"))
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    call_id = call.get("id")
-    return {
-        "type": "tool_use",
-        "id": call_id if isinstance(call_id, str) and call_id else _tool_use_id(k),
-        "name": name,
-        "input": _arguments_object(function.get("arguments")),
+        "cache_read_input_tokens": counts.cached,
+        "output_tokens": counts.completion,
     }
 
 
@@ -460,42 +459,14 @@ def _arguments_object(arguments: Any) -> dict:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _first_choice(choices: Any) -> dict:
-    if not isinstance(choices, list):
-        return {}
-    for choice in choices:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            return choice
-    return {}
-
-
-def _obj(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 def _tool_use_id(k: int) -> str:
     return f"toolu_{secrets.token_hex(8)}_{k}"
-
-
-def id_stem(chat_id: Any) -> str:
-    """A stable, id-safe stem of an upstream chat id (random when there is none), so the
-    ids the client sees follow the upstream's and log lines can be matched."""
-    if isinstance(chat_id, str):
-        stem = _ID_CHARS.sub("", chat_id.removeprefix("chatcmpl-"))[:64]
-        if stem:
-            return stem
-    return secrets.token_hex(12)
 
 
 # --- streams ----------------------------------------------------------------------------------
 
 
-def sse_event(kind: str, data: dict) -> bytes:
-    """One SSE event; `data` already starts with its `type`."""
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-class ChatToMessagesStream:
+class ChatToMessagesStream(ChatStreamReader):
     """Turns `chat.completion.chunk` dicts into Anthropic SSE events, one chunk at a time.
 
     Anthropic ends a message with `message_delta` (stop reason and usage) then `message_stop`;
@@ -504,70 +475,12 @@ class ChatToMessagesStream:
     """
 
     def __init__(self, model: str) -> None:
+        super().__init__()
         self.model = model
-        self._started = False
-        self._done = False
-        self._blocks = 0
-        self._open: int | None = None  # the index of the open content block
-        self._open_is_text = False
-        self._tool_blocks: dict[int, int] = {}  # chat tool-call index -> block index
-        self._finish_reason: Any = None
-        self._usage: dict | None = None
 
-    def feed(self, chunk: dict) -> list[bytes]:
-        """Translate one chunk into zero or more whole SSE events."""
-        if self._done or not isinstance(chunk, dict):
-            return []
-        events = self._start(chunk.get("id"))
-        choice = _first_choice(chunk.get("choices"))
-        delta = _obj(choice.get("delta"))
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            events.extend(self._text(content))
-        tool_calls = delta.get("tool_calls")
-        for call in tool_calls if isinstance(tool_calls, list) else ():
-            events.extend(self._tool_call(_obj(call)))
-        finish_reason = choice.get("finish_reason")
-        if finish_reason is not None and self._finish_reason is None:
-            self._finish_reason = finish_reason
-            events.extend(self._close_block())
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        if self._finish_reason is not None and self._usage is not None:
-            events.extend(self.finish())
-        return events
-
-    def finish(self) -> list[bytes]:
-        """The closing events: the open block's stop, `message_delta`, `message_stop`."""
-        if self._done:
-            return []
-        events = self._start(None)
-        events.extend(self._close_block())
-        usage = messages_usage(self._usage)
-        events.append(
-            sse_event(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {
-                        "stop_reason": stop_reason(self._finish_reason),
-                        "stop_sequence": None,
-                    },
-                    "usage": usage,
-                },
-            )
-        )
-        events.append(sse_event("message_stop", {"type": "message_stop"}))
-        self._done = True
-        return events
-
-    def _start(self, chat_id: Any) -> list[bytes]:
-        if self._started:
-            return []
-        self._started = True
+    def on_start(self, created: Any) -> list[bytes]:
         message: dict[str, Any] = {
-            "id": "msg_" + id_stem(chat_id),
+            "id": "msg_" + self._stem,
             "type": "message",
             "role": "assistant",
             "model": self.model,
@@ -583,56 +496,44 @@ class ChatToMessagesStream:
         }
         return [sse_event("message_start", {"type": "message_start", "message": message})]
 
-    def _text(self, text: str) -> list[bytes]:
-        events = []
-        if self._open is None or not self._open_is_text:
-            events.extend(self._close_block())
-            events.append(self._open_block({"type": "text", "text": ""}, is_text=True))
-        delta = {"type": "text_delta", "text": text}
-        events.append(self._delta(self._open, delta))
-        return events
+    def on_text_start(self, part: int) -> list[bytes]:
+        return [self._block_start(part, {"type": "text", "text": ""})]
 
-    def _tool_call(self, call: dict) -> list[bytes]:
-        index = call.get("index", 0)
-        if type(index) is not int:
-            index = 0
-        function = _obj(call.get("function"))
-        events = []
-        block = self._tool_blocks.get(index)
-        if block is None:
-            events.extend(self._close_block())
-            call_id, name = call.get("id"), function.get("name")
-            content_block = {
-                "type": "tool_use",
-                "id": call_id if isinstance(call_id, str) and call_id else _tool_use_id(index),
-                "name": name if isinstance(name, str) else "",
-                "input": {},
-            }
-            events.append(self._open_block(content_block, is_text=False))
-            block = self._tool_blocks[index] = self._blocks - 1
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
-            events.append(
-                self._delta(block, {"type": "input_json_delta", "partial_json": fragment})
-            )
-        return events
+    def on_text(self, part: int, text: str) -> list[bytes]:
+        return [self._delta(part, {"type": "text_delta", "text": text})]
 
-    def _open_block(self, content_block: dict, *, is_text: bool) -> bytes:
-        self._open = self._blocks
-        self._open_is_text = is_text
-        self._blocks += 1
-        data = {"type": "content_block_start", "index": self._open, "content_block": content_block}
+    def on_tool_call_start(
+        self, part: int, tool_index: int, call_id: str | None, name: str
+    ) -> list[bytes]:
+        content_block = {
+            "type": "tool_use",
+            "id": call_id or _tool_use_id(tool_index),
+            "name": name,
+            "input": {},
+        }
+        return [self._block_start(part, content_block)]
+
+    def on_tool_call_fragment(self, part: int, fragment: str) -> list[bytes]:
+        return [self._delta(part, {"type": "input_json_delta", "partial_json": fragment})]
+
+    def on_close(self, part: int) -> list[bytes]:
+        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": part})]
+
+    def on_end(self) -> list[bytes]:
+        delta = {"stop_reason": stop_reason(self._finish_reason), "stop_sequence": None}
+        data = {"type": "message_delta", "delta": delta, "usage": messages_usage(self._usage)}
+        return [
+            sse_event("message_delta", data),
+            sse_event("message_stop", {"type": "message_stop"}),
+        ]
+
+    def _block_start(self, part: int, content_block: dict) -> bytes:
+        data = {"type": "content_block_start", "index": part, "content_block": content_block}
         return sse_event("content_block_start", data)
 
-    def _delta(self, index: int | None, delta: dict) -> bytes:
-        data = {"type": "content_block_delta", "index": index, "delta": delta}
+    def _delta(self, part: int, delta: dict) -> bytes:
+        data = {"type": "content_block_delta", "index": part, "delta": delta}
         return sse_event("content_block_delta", data)
-
-    def _close_block(self) -> list[bytes]:
-        if self._open is None:
-            return []
-        index, self._open = self._open, None
-        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
 # --- errors -----------------------------------------------------------------------------------

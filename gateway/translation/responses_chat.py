@@ -8,8 +8,8 @@ here are never stored (`store: false`). Fields that only mean something to OpenA
 (`store`, `include`, `truncation`, `prompt_cache_key`, ...) are dropped without a word; the ones
 a client would notice missing (`reasoning`, reasoning items) are named in `Translated.notes`.
 
-The chat answer is untrusted: a field of the wrong type loses only itself, never the answer.
-The stream translator returns each event as soon as its chunk is fed, so no token waits.
+`chat_answer` reads the chat answer, which is untrusted; here it becomes a `response` object,
+or Responses stream events, none held past the chunk that made it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,21 @@ import secrets
 import time
 from typing import Any
 
-from gateway.timing import token_count
+from gateway.translation.chat_answer import (
+    ChatStreamReader,
+    obj,
+    read_completion,
+    read_usage,
+    sse_event,
+)
 from gateway.translation.chat_to_anthropic import TranslationError
-from gateway.translation.messages_chat import Translated, id_stem, sse_event
+from gateway.translation.messages_chat import (
+    Translated,
+    copy_max_tokens,
+    copy_sampling,
+    finish_request,
+    tool_list,
+)
 
 # Fields that need state only OpenAI keeps; answering without it would answer something else.
 _STATEFUL_FIELDS = ("previous_response_id", "conversation", "prompt")
@@ -61,19 +73,8 @@ def responses_request_to_chat(body: dict) -> Translated:
         raise TranslationError("'input' must not be empty", "input")
     out["messages"] = messages
 
-    max_tokens = body.get("max_output_tokens")
-    if max_tokens is not None:
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise TranslationError(
-                "'max_output_tokens' must be a positive integer", "max_output_tokens"
-            )
-        out["max_tokens"] = max_tokens
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TranslationError(f"'{name}' must be a number", name)
-            out[name] = value
+    copy_max_tokens(body, "max_output_tokens", out)
+    copy_sampling(body, out)
     user = body.get("user")
     if isinstance(user, str) and user:
         out["user"] = user
@@ -92,10 +93,7 @@ def responses_request_to_chat(body: dict) -> Translated:
         out["response_format"] = response_format
     if body.get("reasoning") is not None:
         notes.append("reasoning dropped")
-    if body.get("stream") is True:
-        out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
-    return Translated(out, tuple(notes))
+    return finish_request(body, out, notes)
 
 
 def _input_messages(items: Any, notes: list[str]) -> list[dict]:
@@ -227,13 +225,9 @@ def _tool_message(item: dict, where: str) -> dict:
 
 
 def _translate_tools(tools: Any) -> list[dict]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise TranslationError("'tools' must be a list", "tools")
     out = []
-    for k, tool in enumerate(tools):
-        tool = _obj(tool)
+    for k, tool in enumerate(tool_list(tools)):
+        tool = obj(tool)
         kind = tool.get("type")
         if kind != "function":
             raise TranslationError(
@@ -253,13 +247,16 @@ def _function(tool: dict) -> dict:
     description = tool.get("description")
     if isinstance(description, str) and description:
         function["description"] = description
-    parameters = tool.get("parameters")
-    if isinstance(parameters, dict):
-        function["parameters"] = parameters
-    strict = tool.get("strict")
-    if isinstance(strict, bool):
-        function["strict"] = strict
+    _copy_typed(tool, function, parameters=dict, strict=bool)
     return function
+
+
+def _copy_typed(source: dict, target: dict, **types: type) -> None:
+    """Copy each named field of `source` to `target` when its value has the given type."""
+    for name, kind in types.items():
+        value = source.get(name)
+        if isinstance(value, kind):
+            target[name] = value
 
 
 def _translate_tool_choice(choice: Any) -> str | dict | None:
@@ -277,10 +274,10 @@ def _translate_tool_choice(choice: Any) -> str | dict | None:
 
 
 def _response_format(text: Any) -> dict | None:
-    fmt = _obj(text).get("format")
+    fmt = obj(text).get("format")
     if fmt is None:
         return None
-    fmt = _obj(fmt)
+    fmt = obj(fmt)
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -292,12 +289,7 @@ def _response_format(text: Any) -> dict | None:
         if not isinstance(schema, dict) or not isinstance(name, str):
             raise TranslationError("a json_schema format needs 'name' and 'schema'", "text.format")
         json_schema: dict[str, Any] = {"name": name, "schema": schema}
-        description = fmt.get("description")
-        if isinstance(description, str):
-            json_schema["description"] = description
-        strict = fmt.get("strict")
-        if isinstance(strict, bool):
-            json_schema["strict"] = strict
+        _copy_typed(fmt, json_schema, description=str, strict=bool)
         return {"type": "json_schema", "json_schema": json_schema}
     raise TranslationError(
         "text.format type must be 'text', 'json_object' or 'json_schema'", "text.format.type"
@@ -310,60 +302,44 @@ def _response_format(text: Any) -> dict | None:
 def chat_completion_to_response(completion: dict, request: dict, model: str) -> dict:
     """Translate a `chat.completion` into a Responses `response` object named `model`,
     echoing the settings of `request` (the client's Responses body) the way OpenAI does."""
-    completion = _obj(completion)
-    stem = id_stem(completion.get("id"))
-    choice = _first_choice(completion.get("choices"))
-    message = _obj(choice.get("message"))
+    answer = read_completion(completion)
+    stem = answer.stem
     output: list[dict] = []
-    text = _message_text(message)
-    if text:
-        output.append(_message_item("msg_" + stem, text, "completed"))
-    tool_calls = message.get("tool_calls")
-    for k, call in enumerate(tool_calls if isinstance(tool_calls, list) else ()):
-        call = _obj(call)
-        function = _obj(call.get("function"))
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            continue
-        arguments = function.get("arguments")
+    if answer.text:
+        output.append(_message_item("msg_" + stem, answer.text, "completed"))
+    for call in answer.tool_calls:
         output.append(
             _function_item(
-                f"fc_{stem}_{k}",
-                _call_id(call.get("id")),
-                name,
-                arguments if isinstance(arguments, str) else "{}",
+                f"fc_{stem}_{call.position}",
+                _call_id(call.call_id),
+                call.name,
+                call.arguments if call.arguments is not None else "{}",
                 "completed",
             )
         )
     return _response(
         "resp_" + stem,
-        _created(completion.get("created")),
+        _created(answer.created),
         request,
         model,
         output=output,
-        finish_reason=choice.get("finish_reason"),
-        usage=completion.get("usage"),
+        finish_reason=answer.finish_reason,
+        usage=answer.usage,
     )
 
 
 def responses_usage(usage: Any) -> dict:
     """Chat usage -> Responses usage (both count cached input inside the input total)."""
-    usage = _obj(usage)
-    details = _obj(usage.get("prompt_tokens_details"))
-    output_details = _obj(usage.get("completion_tokens_details"))
-    prompt = token_count(usage.get("prompt_tokens"))
-    completion = token_count(usage.get("completion_tokens"))
+    counts = read_usage(usage)
     return {
-        "input_tokens": prompt,
+        "input_tokens": counts.prompt,
         "input_tokens_details": {
-            "cached_tokens": min(token_count(details.get("cached_tokens")), prompt),
-            "cache_write_tokens": min(token_count(details.get("cache_write_tokens")), prompt),
+            "cached_tokens": counts.cached,
+            "cache_write_tokens": min(counts.cache_write, counts.prompt),
         },
-        "output_tokens": completion,
-        "output_tokens_details": {
-            "reasoning_tokens": min(token_count(output_details.get("reasoning_tokens")), completion)
-        },
-        "total_tokens": prompt + completion,
+        "output_tokens": counts.completion,
+        "output_tokens_details": {"reasoning_tokens": counts.reasoning},
+        "total_tokens": counts.prompt + counts.completion,
     }
 
 
@@ -378,7 +354,7 @@ def _response(
     usage: Any = None,
     in_progress: bool = False,
 ) -> dict:
-    request = _obj(request)
+    request = obj(request)
     incomplete = _INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
     if in_progress:
         status = "in_progress"
@@ -502,36 +478,10 @@ def _call_id(value: Any) -> str:
     return value if isinstance(value, str) and value else "call_" + secrets.token_hex(12)
 
 
-def _message_text(message: dict) -> str:
-    content = message.get("content")
-    if isinstance(content, str) and content:
-        return content
-    if isinstance(content, list):  # some servers answer with parts
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        text = "".join(t for t in texts if isinstance(t, str))
-        if text:
-            return text
-    refusal = message.get("refusal")
-    return refusal if isinstance(refusal, str) else ""
-
-
-def _first_choice(choices: Any) -> dict:
-    if not isinstance(choices, list):
-        return {}
-    for choice in choices:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            return choice
-    return {}
-
-
-def _obj(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 # --- streams ----------------------------------------------------------------------------------
 
 
-class ChatToResponsesStream:
+class ChatToResponsesStream(ChatStreamReader):
     """Turns `chat.completion.chunk` dicts into Responses SSE events, one chunk at a time.
 
     Output items open as their first delta arrives and close when another item starts or the
@@ -540,54 +490,72 @@ class ChatToResponsesStream:
     """
 
     def __init__(self, request: dict, model: str) -> None:
+        super().__init__()
         self.request = request
         self.model = model
         self._seq = 0
-        self._started = False
-        self._done = False
-        self._stem = ""
         self._created_at = 0
-        self._items: list[dict] = []  # the output so far, each item as it is (or will be) done
-        self._open: int | None = None  # output index of the open item
-        self._tool_items: dict[int, int] = {}  # chat tool-call index -> output index
-        self._finish_reason: Any = None
-        self._usage: dict | None = None
+        # The output so far, each item as it is (or will be) done; an item's index is its part.
+        self._items: list[dict] = []
 
-    def feed(self, chunk: dict) -> list[bytes]:
-        """Translate one chunk into zero or more whole SSE events."""
-        if self._done or not isinstance(chunk, dict):
-            return []
-        events = self._start(chunk.get("id"), chunk.get("created"))
-        choice = _first_choice(chunk.get("choices"))
-        delta = _obj(choice.get("delta"))
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            events.extend(self._text(content))
-        tool_calls = delta.get("tool_calls")
-        for call in tool_calls if isinstance(tool_calls, list) else ():
-            events.extend(self._tool_call(_obj(call)))
-        finish_reason = choice.get("finish_reason")
-        if finish_reason is not None and self._finish_reason is None:
-            self._finish_reason = finish_reason
-            events.extend(self._close_item())
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        if self._finish_reason is not None and self._usage is not None:
-            events.extend(self.finish())
+    def on_start(self, created: Any) -> list[bytes]:
+        self._created_at = _created(created)
+        snapshot = self._snapshot(final=False)
+        return [
+            self._event("response.created", {"response": snapshot}),
+            self._event("response.in_progress", {"response": snapshot}),
+        ]
+
+    def on_text_start(self, part: int) -> list[bytes]:
+        item_id = "msg_" + self._stem if part == 0 else f"msg_{self._stem}_{part}"
+        self._items.append(_message_item(item_id, "", "completed"))
+        added = _message_item(item_id, None, "in_progress")
+        return [
+            self._event("response.output_item.added", self._at(part, added)),
+            self._event(
+                "response.content_part.added", {**self._in_item(part), "part": _text_part("")}
+            ),
+        ]
+
+    def on_text(self, part: int, text: str) -> list[bytes]:
+        self._items[part]["content"][0]["text"] += text
+        fields = {**self._in_item(part), "delta": text, "logprobs": []}
+        return [self._event("response.output_text.delta", fields)]
+
+    def on_tool_call_start(
+        self, part: int, tool_index: int, call_id: str | None, name: str
+    ) -> list[bytes]:
+        item = _function_item(
+            f"fc_{self._stem}_{tool_index}", _call_id(call_id), name, "", "completed"
+        )
+        self._items.append(item)
+        added = {**item, "status": "in_progress"}
+        return [self._event("response.output_item.added", self._at(part, added))]
+
+    def on_tool_call_fragment(self, part: int, fragment: str) -> list[bytes]:
+        self._items[part]["arguments"] += fragment
+        fields = {"item_id": self._items[part]["id"], "output_index": part, "delta": fragment}
+        return [self._event("response.function_call_arguments.delta", fields)]
+
+    def on_close(self, part: int) -> list[bytes]:
+        item = self._items[part]
+        events = []
+        if item["type"] == "message":
+            text_part = item["content"][0]
+            fields = {**self._in_item(part), "text": text_part["text"], "logprobs": []}
+            events.append(self._event("response.output_text.done", fields))
+            fields = {**self._in_item(part), "part": dict(text_part)}
+            events.append(self._event("response.content_part.done", fields))
+        else:
+            fields = {"item_id": item["id"], "output_index": part, "arguments": item["arguments"]}
+            events.append(self._event("response.function_call_arguments.done", fields))
+        events.append(self._event("response.output_item.done", self._at(part, dict(item))))
         return events
 
-    def finish(self) -> list[bytes]:
-        """The closing events: the open item's, then `response.completed` (or `.incomplete`)."""
-        if self._done:
-            return []
-        events = self._start(None, None)
-        events.extend(self._close_item())
+    def on_end(self) -> list[bytes]:
         response = self._snapshot(final=True)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        events.append(self._event(kind, {"response": response}))
-        self._done = True
-        return events
+        return [self._event(kind, {"response": response})]
 
     def _snapshot(self, *, final: bool) -> dict:
         return _response(
@@ -605,87 +573,6 @@ class ChatToResponsesStream:
         data = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
         return sse_event(kind, data)
-
-    def _start(self, chat_id: Any, created: Any) -> list[bytes]:
-        if self._started:
-            return []
-        self._started = True
-        self._stem = id_stem(chat_id)
-        self._created_at = _created(created)
-        snapshot = self._snapshot(final=False)
-        return [
-            self._event("response.created", {"response": snapshot}),
-            self._event("response.in_progress", {"response": snapshot}),
-        ]
-
-    def _text(self, text: str) -> list[bytes]:
-        events = []
-        index = self._open
-        if index is None or self._items[index]["type"] != "message":
-            events.extend(self._close_item())
-            index = len(self._items)
-            item_id = "msg_" + self._stem if index == 0 else f"msg_{self._stem}_{index}"
-            self._items.append(_message_item(item_id, "", "completed"))
-            self._open = index
-            added = _message_item(item_id, None, "in_progress")
-            events.append(self._event("response.output_item.added", self._at(index, added)))
-            events.append(
-                self._event(
-                    "response.content_part.added",
-                    {**self._in_item(index), "part": _text_part("")},
-                )
-            )
-        self._items[index]["content"][0]["text"] += text
-        fields = {**self._in_item(index), "delta": text, "logprobs": []}
-        events.append(self._event("response.output_text.delta", fields))
-        return events
-
-    def _tool_call(self, call: dict) -> list[bytes]:
-        tool_index = call.get("index", 0)
-        if type(tool_index) is not int:
-            tool_index = 0
-        function = _obj(call.get("function"))
-        events = []
-        index = self._tool_items.get(tool_index)
-        if index is None:
-            events.extend(self._close_item())
-            index = self._tool_items[tool_index] = len(self._items)
-            name = function.get("name")
-            item = _function_item(
-                f"fc_{self._stem}_{tool_index}",
-                _call_id(call.get("id")),
-                name if isinstance(name, str) else "",
-                "",
-                "completed",
-            )
-            self._items.append(item)
-            self._open = index
-            added = {**item, "status": "in_progress"}
-            events.append(self._event("response.output_item.added", self._at(index, added)))
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
-            self._items[index]["arguments"] += fragment
-            fields = {"item_id": self._items[index]["id"], "output_index": index, "delta": fragment}
-            events.append(self._event("response.function_call_arguments.delta", fields))
-        return events
-
-    def _close_item(self) -> list[bytes]:
-        if self._open is None:
-            return []
-        index, self._open = self._open, None
-        item = self._items[index]
-        events = []
-        if item["type"] == "message":
-            part = item["content"][0]
-            fields = {**self._in_item(index), "text": part["text"], "logprobs": []}
-            events.append(self._event("response.output_text.done", fields))
-            fields = {**self._in_item(index), "part": dict(part)}
-            events.append(self._event("response.content_part.done", fields))
-        else:
-            fields = {"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}
-            events.append(self._event("response.function_call_arguments.done", fields))
-        events.append(self._event("response.output_item.done", self._at(index, dict(item))))
-        return events
 
     def _at(self, index: int, item: dict) -> dict:
         return {"output_index": index, "item": item}

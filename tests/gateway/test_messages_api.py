@@ -333,3 +333,21 @@ def test_streamed_request_is_recorded_with_ttft_and_cache_reads(mock_upstream, m
     assert route["route"] == "claude" and route["count"] == 1
     assert 45 <= route["ttft_ms"]["p50"] <= 5000
     assert route["prompt_tokens"] == 125 and route["cached_prompt_tokens"] == 100
+
+
+def test_prefix_break_diagnostics_on_the_messages_shape(mock_upstream, make_gateway):
+    gw = make_gateway([anthropic_route(mock_upstream)])
+    client = claude_client(gw)
+    turns = [
+        {"role": "user", "content": "Weather in Paris today?"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    client.messages.create(model="claude-x", max_tokens=8, system=LONG_SYSTEM, messages=turns)
+    edited = [{"role": "user", "content": "Weather in Lyon today?"}, *turns[1:]]
+    changed = client.messages.with_raw_response.create(
+        model="claude-x", max_tokens=8, system=LONG_SYSTEM, messages=edited
+    )
+    # The system prompt is block messages[0]; the first turn is messages[1].
+    assert changed.headers["x-firsttoken-prefix-break"].startswith("messages[1]@char")
+    assert changed.headers["x-firsttoken-policies"] == "slim,canonicalize,cache_hints"

@@ -198,3 +198,24 @@ def test_what_only_openai_keeps_is_a_400_on_other_routes(mock_upstream, make_gat
         sdk_client(gw).responses.create(model="claude-x", input="hi", **extra)
     assert "claude" in caught.value.message  # names the route it would have gone to
     assert posts(mock_upstream, "/v1/messages") == []
+
+
+def test_prefix_break_diagnostics_name_the_changed_block(mock_upstream, make_gateway):
+    gw = make_gateway([openai_route(mock_upstream)])
+    client = sdk_client(gw)
+    first = "You are a weather bot. " + "Be precise about the forecast. " * 40
+    stable = client.responses.with_raw_response.create(
+        model="gpt-x", instructions=first, input="Paris?", prompt_cache_key="family-1"
+    )
+    assert "x-firsttoken-prefix-break" not in stable.headers
+    again = client.responses.with_raw_response.create(
+        model="gpt-x", instructions=first, input="Paris?", prompt_cache_key="family-1"
+    )
+    assert int(again.headers["x-firsttoken-prefix-stable-tokens"]) > 100
+    changed = client.responses.with_raw_response.create(
+        model="gpt-x",
+        instructions=first.replace("precise", "brief", 1),
+        input="Paris?",
+        prompt_cache_key="family-1",
+    )
+    assert changed.headers["x-firsttoken-prefix-break"].startswith("messages[0]@char")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import anthropic
-import httpx2
 import orjson
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
@@ -20,6 +19,17 @@ from gateway.translation.messages_chat import (
     chat_completion_to_message,
     chat_error_to_messages,
     messages_request_to_chat,
+)
+from tests.gateway.translation_helpers import (
+    JUNK_CHUNKS,
+    chat_tool_call,
+    chunk,
+    completion,
+    feed_all,
+    parse_sse,
+    realistic_chunks,
+    sse_http_client,
+    tool_delta,
 )
 
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -126,16 +136,8 @@ def test_tool_use_and_tool_results_become_tool_calls_and_tool_messages_in_order(
             "role": "assistant",
             "content": "Checking.",
             "tool_calls": [
-                {
-                    "id": "t1",
-                    "type": "function",
-                    "function": {"name": "w", "arguments": '{"city":"Paris"}'},
-                },
-                {
-                    "id": "t2",
-                    "type": "function",
-                    "function": {"name": "w", "arguments": '{"city":"Rome"}'},
-                },
+                chat_tool_call("t1", "w", '{"city":"Paris"}'),
+                chat_tool_call("t2", "w", '{"city":"Rome"}'),
             ],
         },
         {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
@@ -324,31 +326,13 @@ def test_translated_chat_body_is_accepted_by_the_anthropic_translation():
 # --- whole responses --------------------------------------------------------------------------
 
 
-def completion(message: dict, finish_reason: str = "stop", usage: object = None) -> dict:
-    return {
-        "id": "chatcmpl-abc123",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": "gpt-x-2025",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-        "usage": usage
-        if usage is not None
-        else {
-            "prompt_tokens": 120,
-            "completion_tokens": 30,
-            "total_tokens": 150,
-            "prompt_tokens_details": {"cached_tokens": 100},
-        },
-    }
-
-
 def test_text_and_tool_calls_become_a_valid_message():
     message = {
         "role": "assistant",
         "content": "Checking.",
         "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"a":1}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "w", "arguments": "[1]"}},
+            chat_tool_call("call_1", "w", '{"a":1}'),
+            chat_tool_call("call_2", "w", "[1]"),
         ],
     }
     out = chat_completion_to_message(completion(message, "tool_calls"), "client-model")
@@ -412,63 +396,18 @@ def test_malformed_completions_still_give_a_valid_message(junk):
 # --- streams ----------------------------------------------------------------------------------
 
 
-def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {"id": "chatcmpl-s1", "object": "chat.completion.chunk", "created": 1, **extra} | {
-        "choices": choices
+REALISTIC = realistic_chunks(
+    {
+        "prompt_tokens": 50,
+        "completion_tokens": 12,
+        "total_tokens": 62,
+        "prompt_tokens_details": {"cached_tokens": 8},
     }
-
-
-def tool_delta(index: int, arguments: str, call_id: str | None = None, name: str | None = None):
-    call: dict = {"index": index, "function": {"arguments": arguments}}
-    if call_id:
-        call.update(id=call_id, type="function")
-        call["function"]["name"] = name
-    return {"tool_calls": [call]}
-
-
-REALISTIC = [
-    chunk({"role": "assistant", "content": ""}),
-    chunk({"content": "Let me "}),
-    chunk({"content": "check."}),
-    chunk(tool_delta(0, "", "call_1", "weather")),
-    chunk(tool_delta(0, '{"ci')),
-    chunk(tool_delta(0, 'ty": "Par')),
-    chunk(tool_delta(0, 'is"}')),
-    chunk({}, "tool_calls"),
-    chunk(
-        None,
-        usage={
-            "prompt_tokens": 50,
-            "completion_tokens": 12,
-            "total_tokens": 62,
-            "prompt_tokens_details": {"cached_tokens": 8},
-        },
-    ),
-]
-
-
-def parse_sse(events: list[bytes]) -> list[tuple[str, dict]]:
-    parsed = []
-    for event in events:
-        assert event.endswith(b"\n\n") and event.count(b"\n\n") == 1
-        name_line, data_line = event[:-2].split(b"\n")
-        assert name_line.startswith(b"event: ") and data_line.startswith(b"data: ")
-        name = name_line[len(b"event: ") :].decode()
-        data = orjson.loads(data_line[len(b"data: ") :])
-        assert next(iter(data)) == "type" and data["type"] == name
-        parsed.append((name, data))
-    return parsed
+)
 
 
 def run_stream(chunks: list[dict], model: str = "client-model") -> list[tuple[str, dict]]:
-    stream = ChatToMessagesStream(model)
-    out: list[bytes] = []
-    for c in chunks:
-        out.extend(stream.feed(c))
-    out.extend(stream.finish())
-    assert stream.finish() == []
-    return parse_sse(out)
+    return parse_sse(feed_all(ChatToMessagesStream(model), chunks))
 
 
 def accumulate(events: list[tuple[str, dict]]) -> Message:
@@ -513,23 +452,16 @@ def test_stream_event_order_and_sdk_accumulation():
 def sse_client(body: bytes) -> anthropic.Anthropic:
     """An SDK client whose every request is answered with `body` as an SSE stream, offline."""
 
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    transport = httpx2.MockTransport(answer)
     return anthropic.Anthropic(
         api_key="k",
         base_url="http://gateway.invalid",
-        http_client=httpx2.Client(transport=transport),
+        http_client=sse_http_client(body),
         max_retries=0,
     )
 
 
 def test_the_sdk_client_reads_the_stream_bytes_as_the_expected_message():
-    stream = ChatToMessagesStream("client-model")
-    body = b"".join(event for c in REALISTIC for event in stream.feed(c)) + b"".join(
-        stream.finish()
-    )
+    body = b"".join(feed_all(ChatToMessagesStream("client-model"), REALISTIC))
     client = sse_client(body)
     with client.messages.stream(
         model="client-model", max_tokens=10, messages=[{"role": "user", "content": "q"}]
@@ -583,13 +515,7 @@ def test_parallel_tool_calls_each_get_their_own_block():
 
 def test_junk_chunks_are_ignored_and_the_stream_stays_valid():
     events = run_stream(
-        [
-            "nope",  # type: ignore[list-item]  # an untrusted upstream may send anything
-            {"choices": "x"},
-            {"choices": [{"delta": {"content": 5, "tool_calls": "y"}}]},
-            {"choices": [{"delta": {"tool_calls": [{"index": "z", "function": 3}]}}]},
-            chunk({"content": "ok"}, "stop", usage={"prompt_tokens": "many"}),
-        ]
+        [*JUNK_CHUNKS, chunk({"content": "ok"}, "stop", usage={"prompt_tokens": "many"})]
     )
     for _, data in events:
         EVENT.validate_python(data)

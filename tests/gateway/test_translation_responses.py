@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import httpx2
 import openai
 import orjson
 import pytest
@@ -19,6 +18,18 @@ from gateway.translation.responses_chat import (
     ChatToResponsesStream,
     chat_completion_to_response,
     responses_request_to_chat,
+)
+from tests.gateway.translation_helpers import (
+    JUNK_CHUNKS,
+    USAGE,
+    chat_tool_call,
+    chunk,
+    completion,
+    feed_all,
+    parse_sse,
+    realistic_chunks,
+    sse_http_client,
+    tool_delta,
 )
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -125,16 +136,8 @@ def test_function_calls_merge_into_one_assistant_message_and_outputs_become_tool
             "role": "assistant",
             "content": "Checking.",
             "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "weather", "arguments": "{}"},
-                },
-                {
-                    "id": "c2",
-                    "type": "function",
-                    "function": {"name": "weather", "arguments": '{"city":"Rome"}'},
-                },
+                chat_tool_call("c1", "weather", "{}"),
+                chat_tool_call("c2", "weather", '{"city":"Rome"}'),
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
@@ -152,9 +155,7 @@ def test_function_call_without_preceding_text_opens_an_assistant_message():
     assert out["messages"][1] == {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        ],
+        "tool_calls": [chat_tool_call("c1", "f", "{}")],
     }
 
 
@@ -359,35 +360,10 @@ REQUEST = {
     "max_output_tokens": 500,
     "metadata": {"k": "v"},
 }
-USAGE = {
-    "prompt_tokens": 120,
-    "completion_tokens": 30,
-    "total_tokens": 150,
-    "prompt_tokens_details": {"cached_tokens": 100},
-}
-
-
-def completion(message: dict, finish_reason: str = "stop", usage: object = USAGE) -> dict:
-    return {
-        "id": "chatcmpl-abc123",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": "claude-x-2025",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-        "usage": usage,
-    }
-
-
 TOOL_MESSAGE = {
     "role": "assistant",
     "content": "Checking.",
-    "tool_calls": [
-        {
-            "id": "call_1",
-            "type": "function",
-            "function": {"name": "weather", "arguments": '{"city":"Paris"}'},
-        }
-    ],
+    "tool_calls": [chat_tool_call("call_1", "weather", '{"city":"Paris"}')],
 }
 
 
@@ -480,58 +456,11 @@ def test_malformed_completions_still_give_a_valid_response(junk):
 # --- streams ----------------------------------------------------------------------------------
 
 
-def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {
-        "id": "chatcmpl-s1",
-        "object": "chat.completion.chunk",
-        "created": 1700000001,
-        **extra,
-    } | {"choices": choices}
-
-
-def tool_delta(index: int, arguments: str, call_id: str | None = None, name: str | None = None):
-    call: dict = {"index": index, "function": {"arguments": arguments}}
-    if call_id:
-        call.update(id=call_id, type="function")
-        call["function"]["name"] = name
-    return {"tool_calls": [call]}
-
-
-REALISTIC = [
-    chunk({"role": "assistant", "content": ""}),
-    chunk({"content": "Let me "}),
-    chunk({"content": "check."}),
-    chunk(tool_delta(0, "", "call_1", "weather")),
-    chunk(tool_delta(0, '{"ci')),
-    chunk(tool_delta(0, 'ty": "Par')),
-    chunk(tool_delta(0, 'is"}')),
-    chunk({}, "tool_calls"),
-    chunk(None, usage=USAGE),
-]
-
-
-def parse_sse(events: list[bytes]) -> list[tuple[str, dict]]:
-    parsed = []
-    for event in events:
-        assert event.endswith(b"\n\n") and event.count(b"\n\n") == 1
-        name_line, data_line = event[:-2].split(b"\n")
-        assert name_line.startswith(b"event: ") and data_line.startswith(b"data: ")
-        name = name_line[len(b"event: ") :].decode()
-        data = orjson.loads(data_line[len(b"data: ") :])
-        assert data["type"] == name
-        parsed.append((name, data))
-    return parsed
+REALISTIC = realistic_chunks(USAGE)
 
 
 def run_stream(chunks: list[dict], request: dict = REQUEST) -> list[tuple[str, dict]]:
-    stream = ChatToResponsesStream(request, "alias")
-    out: list[bytes] = []
-    for c in chunks:
-        out.extend(stream.feed(c))
-    out.extend(stream.finish())
-    assert stream.finish() == []
-    events = parse_sse(out)
+    events = parse_sse(feed_all(ChatToResponsesStream(request, "alias"), chunks))
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     return events
 
@@ -597,18 +526,11 @@ def test_stream_event_order_and_sdk_accumulation():
 
 
 def test_the_sdk_client_reads_the_stream_bytes_as_the_expected_response():
-    stream = ChatToResponsesStream(REQUEST, "alias")
-    body = b"".join(event for c in REALISTIC for event in stream.feed(c)) + b"".join(
-        stream.finish()
-    )
-
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
+    body = b"".join(feed_all(ChatToResponsesStream(REQUEST, "alias"), REALISTIC))
     client = openai.OpenAI(
         api_key="k",
         base_url="http://gateway.invalid/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(answer)),
+        http_client=sse_http_client(body),
         max_retries=0,
     )
     with client.responses.stream(model="alias", input="q", tools=[WEATHER_TOOL]) as events:
@@ -675,13 +597,7 @@ def test_parallel_tool_calls_and_text_after_a_call():
 
 def test_junk_chunks_are_ignored_and_the_stream_stays_valid():
     events = run_stream(
-        [
-            "nope",  # type: ignore[list-item]  # an untrusted upstream may send anything
-            {"choices": "x"},
-            {"choices": [{"delta": {"content": 5, "tool_calls": "y"}}]},
-            {"choices": [{"delta": {"tool_calls": [{"index": "z", "function": 3}]}}]},
-            chunk({"content": "ok"}, "stop", usage={"prompt_tokens": "many"}),
-        ],
+        [*JUNK_CHUNKS, chunk({"content": "ok"}, "stop", usage={"prompt_tokens": "many"})],
         {},
     )
     response = accumulate(events)

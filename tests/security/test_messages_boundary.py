@@ -22,6 +22,7 @@ from tests.security.hostile_upstream import (
     sse_answer,
 )
 from tests.support.gateway import anthropic_route
+from tests.support.waiting import eventually, named_events
 
 BODY = {
     "model": "claude-x",
@@ -53,29 +54,6 @@ def anthropic_error(r: httpx.Response, status: int, type: str) -> str:
     assert body["type"] == "error" and body["error"]["type"] == type, body
     assert set(body["error"]) == {"type", "message"}
     return body["error"]["message"]
-
-
-def events_of(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for raw in text.split("\n\n"):
-        name = data = None
-        for line in raw.split("\n"):
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data = orjson.loads(line[5:])
-        if name is not None:
-            out.append((name, data))
-    return out
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # --- hostile request bodies: refused before any upstream work ---------------------------------
@@ -175,7 +153,7 @@ def test_oversized_event_ends_the_stream_with_an_error_event(hostile, make_gatew
     r = post(gw, STREAM)
     assert time.perf_counter() - started < 5.0
     assert r.status_code == 200
-    events = events_of(r.text)
+    events = named_events(r.text)
     assert [name for name, _ in events][:3] == [
         "message_start",
         "content_block_start",
@@ -183,7 +161,7 @@ def test_oversized_event_ends_the_stream_with_an_error_event(hostile, make_gatew
     ]
     name, data = events[-1]
     assert name == "error" and "262144" in data["error"]["message"]
-    assert wait_for(lambda: hostile.upstream.disconnects)  # the rest is never read
+    assert eventually(lambda: hostile.upstream.disconnects)  # the rest is never read
 
 
 def test_oversized_body_is_a_502(hostile, make_gateway):
@@ -237,26 +215,26 @@ def test_nothing_after_message_stop_is_forwarded(hostile, make_gateway):
     gw = make_gateway([anthropic_route(hostile)])
     r = post(gw, STREAM)
     assert "SMUGGLED" not in r.text
-    assert events_of(r.text)[-1][0] == "message_stop"
+    assert named_events(r.text)[-1][0] == "message_stop"
 
 
 @pytest.mark.parametrize("then", ["close", "reset"])
 def test_stream_cut_before_message_stop_ends_with_an_error_event(hostile, make_gateway, then):
     hostile.upstream.handler = sse_answer(anthropic_stream("cut short", stop=False), then=then)
     gw = make_gateway([anthropic_route(hostile)])
-    events = events_of(post(gw, STREAM).text)
+    events = named_events(post(gw, STREAM).text)
     assert events[-1][0] == "error" and events[-1][1]["type"] == "error"
 
 
 def test_route_timeout_mid_stream_ends_with_a_timeout_error_event(hostile, make_gateway):
     hostile.upstream.handler = sse_answer(anthropic_stream("slow", stop=False)[:3], then="hang")
     gw = make_gateway([anthropic_route(hostile, timeout_s=0.8)])
-    events = events_of(post(gw, STREAM).text)
+    events = named_events(post(gw, STREAM).text)
     assert [name for name, _ in events[:-1]][-1] == "content_block_delta"
     name, data = events[-1]
     assert name == "error" and data["type"] == "error"
     assert data["error"]["type"] == "timeout_error" and "0.8s" in data["error"]["message"]
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
 
 
 def test_route_timeout_before_an_answer_is_a_504(hostile, make_gateway):
@@ -275,4 +253,4 @@ def test_client_leaving_mid_stream_closes_the_upstream_request(hostile, make_gat
         for chunk in r.iter_bytes():
             if b"content_block_delta" in chunk:
                 break
-    assert wait_for(lambda: hostile.upstream.disconnects, timeout=5.0)
+    assert eventually(lambda: hostile.upstream.disconnects, timeout=5.0)

@@ -6,8 +6,6 @@ refuses reaches the upstream."""
 
 from __future__ import annotations
 
-import time
-
 import anthropic
 import httpx
 import orjson
@@ -24,6 +22,7 @@ from tests.security.hostile_upstream import (
     sse_answer,
 )
 from tests.support.gateway import anthropic_route, openai_route
+from tests.support.waiting import eventually, named_events
 
 MESSAGES_BODY = {
     "model": "gpt-x",
@@ -41,29 +40,6 @@ def post(gw, path: str, body: object, **headers: str) -> httpx.Response:
         headers={"content-type": "application/json", **headers},
         timeout=20,
     )
-
-
-def events_of(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for raw in text.split("\n\n"):
-        name = data = None
-        for line in raw.split("\n"):
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data = orjson.loads(line[5:])
-        if name is not None:
-            out.append((name, data))
-    return out
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 JUNK_CHUNKS = [
@@ -84,15 +60,15 @@ def test_junk_chat_chunks_still_give_a_well_formed_messages_stream(hostile, make
     gw = make_gateway([openai_route(hostile)])
     r = post(gw, "/v1/messages", {**MESSAGES_BODY, "stream": True})
     assert r.status_code == 200
-    names = [name for name, _ in events_of(r.text)]
+    names = [name for name, _ in named_events(r.text)]
     assert names[0] == "message_start" and names[-1] in ("message_stop", "error")
     text = "".join(
         data["delta"].get("text", "")
-        for name, data in events_of(r.text)
+        for name, data in named_events(r.text)
         if name == "content_block_delta"
     )
     assert text.startswith("fine ")
-    for _, data in events_of(r.text):  # the usage never carries the upstream's junk
+    for _, data in named_events(r.text):  # the usage never carries the upstream's junk
         usage = data.get("usage") or (data.get("message") or {}).get("usage") or {}
         assert all(isinstance(v, int) and v >= 0 for v in usage.values() if v is not None)
 
@@ -115,7 +91,7 @@ def test_anthropic_stream_cut_short_ends_a_responses_stream_with_an_error(hostil
     hostile.upstream.handler = sse_answer(anthropic_stream("cut short", stop=False))
     gw = make_gateway([anthropic_route(hostile)])
     r = post(gw, "/v1/responses", {**RESPONSES_BODY, "stream": True})
-    names = [name for name, _ in events_of(r.text)]
+    names = [name for name, _ in named_events(r.text)]
     assert names[0] == "response.created"
     assert "response.output_text.delta" in names
     assert names[-1] == "error" and "response.completed" not in names
@@ -129,7 +105,7 @@ def test_client_leaving_a_translated_stream_closes_the_upstream(hostile, make_ga
         for data in r.iter_bytes():
             if b"content_block_delta" in data:
                 break
-    assert wait_for(lambda: hostile.upstream.disconnects, timeout=5.0)
+    assert eventually(lambda: hostile.upstream.disconnects, timeout=5.0)
 
 
 def test_client_leaving_a_native_responses_stream_closes_the_upstream(hostile, make_gateway):
@@ -142,7 +118,7 @@ def test_client_leaving_a_native_responses_stream_closes_the_upstream(hostile, m
         for data in r.iter_bytes():
             if b"output_text.delta" in data:
                 break
-    assert wait_for(lambda: hostile.upstream.disconnects, timeout=5.0)
+    assert eventually(lambda: hostile.upstream.disconnects, timeout=5.0)
 
 
 def test_native_responses_event_over_its_limit_ends_with_an_error_event(hostile, make_gateway):
@@ -150,7 +126,7 @@ def test_native_responses_event_over_its_limit_ends_with_an_error_event(hostile,
     hostile.upstream.handler = sse_answer([big])
     gw = make_gateway([openai_route(hostile)], max_event_bytes=1024)
     r = post(gw, "/v1/responses", {"model": "gpt-x", "input": "hi", "stream": True})
-    (name, data), *_ = events_of(r.text)
+    (name, data), *_ = named_events(r.text)
     assert name == "error" and "FIRSTTOKEN_MAX_EVENT_BYTES" in data["error"]["message"]
     assert b"x" * 1024 not in r.content
 

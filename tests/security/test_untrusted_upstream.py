@@ -39,6 +39,7 @@ from tests.security.hostile_upstream import (
 )
 from tests.support.clients import sdk_client
 from tests.support.gateway import anthropic_route, openai_route
+from tests.support.waiting import eventually
 
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "secret prompt"}]}
 STREAM = {**CHAT, "stream": True}
@@ -91,15 +92,6 @@ def text_of(payloads: list[str]) -> str:
         for choice in body.get("choices") or ():
             out += (choice.get("delta") or {}).get("content") or ""
     return out
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def metric(gw, name: str, **labels: str) -> float:
@@ -235,7 +227,7 @@ def test_oversized_first_event_is_a_clean_502(hostile, make_gateway):
     assert r.status_code == 502
     assert "over 262144 bytes" in r.json()["error"]["message"]
     assert len(hostile.upstream.posts()) == 1
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
 
 
 def test_oversized_event_mid_stream_ends_with_error_then_done(hostile, make_gateway):
@@ -264,7 +256,7 @@ def test_oversized_event_mid_stream_ends_with_error_then_done(hostile, make_gate
     assert r.status_code == 200 and text_of(payloads) == "hello"
     assert_clean_end(payloads, error=True)
     assert elapsed < 5.0 and max(healthz) < 1.0
-    assert wait_for(lambda: hostile.upstream.disconnects)  # the rest is never read
+    assert eventually(lambda: hostile.upstream.disconnects)  # the rest is never read
 
 
 # --- non-stream bodies are bounded ------------------------------------------------------------
@@ -284,7 +276,7 @@ def test_oversized_body_is_a_502_and_the_connection_is_dropped(hostile, make_gat
     r = post(gw, CHAT)
     assert r.status_code == 502
     assert len(hostile.upstream.posts()) == 1  # not retried: it would cost the same again
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
 
 
 # --- malformed usage is ignored field by field ------------------------------------------------
@@ -319,7 +311,7 @@ def test_malformed_usage_never_fails_the_request(hostile, make_gateway, usage):
     assert r.status_code == 200 and text_of(payloads) == "hi there"
     assert_clean_end(payloads, error=False)
     # Both events were recorded as ok, and the one good field of each counted.
-    assert wait_for(lambda: metric(gw, "firsttoken_requests_total", status="ok") == 2)
+    assert eventually(lambda: metric(gw, "firsttoken_requests_total", status="ok") == 2)
     assert metric(gw, "firsttoken_prompt_tokens_total") == 14
     assert metric(gw, "firsttoken_output_tokens_total") == 0
 
@@ -366,7 +358,7 @@ def test_wrong_shape_200_is_a_retried_502_recorded_as_an_error(hostile, make_gat
     assert r.headers["content-type"] == "application/json"
     assert "hotel" not in r.text
     assert len(hostile.upstream.posts()) == 2  # like a 5xx: retried before the first byte
-    assert wait_for(lambda: metric(gw, "firsttoken_requests_total", status="upstream_error") == 1)
+    assert eventually(lambda: metric(gw, "firsttoken_requests_total", status="upstream_error") == 1)
     assert metric(gw, "firsttoken_requests_total", status="ok") == 0
 
 
@@ -395,7 +387,7 @@ def test_stream_cut_mid_answer_ends_with_error_then_done(hostile, make_gateway, 
     _r, payloads = stream_payloads(gw)
     assert text_of(payloads) == "half"
     assert_clean_end(payloads, error=True)
-    assert wait_for(lambda: metric(gw, "firsttoken_requests_total", status="upstream_error") == 1)
+    assert eventually(lambda: metric(gw, "firsttoken_requests_total", status="upstream_error") == 1)
 
 
 def test_stream_timeout_mid_answer_ends_with_error_then_done(hostile, make_gateway):
@@ -416,7 +408,7 @@ def test_nothing_after_done_is_read_or_forwarded(hostile, make_gateway):
     assert time.perf_counter() - started < 5  # did not wait for the upstream to hang up
     assert text_of(payloads) == "the end" and "smuggled" not in str(payloads)
     assert_clean_end(payloads, error=False)
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
 
 
 @pytest.mark.parametrize(
@@ -432,7 +424,7 @@ def test_malformed_event_becomes_error_then_done(hostile, make_gateway, bad):
     assert "after" not in str(payloads) and "<html>" not in str(payloads)
     assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
     assert set(orjson.loads(payloads[-2])) == {"error"}
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
     # The OpenAI SDK sees the text, then an error it can catch: never a hang.
     client = sdk_client(gw)
     seen = ""
@@ -464,7 +456,7 @@ def test_anthropic_events_after_message_stop_are_not_read(hostile, make_gateway)
     _r, payloads = stream_payloads(gw, {**CLAUDE, "stream": True})
     assert text_of(payloads) == "done now"
     assert_clean_end(payloads, error=False)
-    assert wait_for(lambda: hostile.upstream.disconnects)
+    assert eventually(lambda: hostile.upstream.disconnects)
 
 
 @pytest.mark.parametrize(
