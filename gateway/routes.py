@@ -23,6 +23,21 @@ MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache 
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
 
 
+BalanceMode = Literal["prefix_affinity", "least_loaded", "round_robin"]
+
+
+class Replica(BaseModel):
+    """One server of a replicated `openai` route (vLLM, SGLang, `firsttoken engine`, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    api_key_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
 class Route(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,16 +57,31 @@ class Route(BaseModel):
     # local engine only
     model_path: str | None = None
     demo: bool = False
+    # openai only: several servers behind one route (see gateway/replicas)
+    replicas: tuple[Replica, ...] = ()
+    balance: BalanceMode = "prefix_affinity"
+    affinity_per_tenant: bool = True  # tenants' prefixes never count for each other
+    affinity_index_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    eject_s: float = Field(default=1.0, gt=0)
+    max_eject_s: float = Field(default=60.0, gt=0)
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    # hedged first token: ms without a first token before a second replica is asked
+    hedge_after_ms: float | Literal["p95"] | None = None
+    hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)
 
     @model_validator(mode="after")
     def _needs_target(self) -> Route:
-        if self.kind in ("openai", "anthropic") and not self.base_url:
+        if self.replicas:
+            self._check_replicas()
+        elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
                 f"got {_shown_url(self.base_url)}"
             )
+        if isinstance(self.hedge_after_ms, float | int) and self.hedge_after_ms <= 0:
+            raise ValueError(f"route {self.name!r}: hedge_after_ms must be > 0 or 'p95'")
         if self.passthrough:
             if self.kind != "openai":
                 raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
@@ -62,6 +92,31 @@ class Route(BaseModel):
                     f"known: {', '.join(sorted(FAMILIES))}"
                 )
         return self
+
+    def _check_replicas(self) -> None:
+        if self.kind != "openai":
+            raise ValueError(f"route {self.name!r}: replicas apply to openai routes only")
+        if self.base_url:
+            raise ValueError(f"route {self.name!r}: give base_url or replicas, not both")
+        for replica in self.replicas:
+            if not _is_http_url(replica.base_url):
+                raise ValueError(
+                    f"route {self.name!r}: a replica's base_url must be an http:// or https:// "
+                    f"URL with a host, got {_shown_url(replica.base_url)}"
+                )
+        names = self.replica_names()
+        if len(set(names)) != len(names):
+            raise ValueError(f"route {self.name!r}: replica names must be unique")
+
+    def replica_names(self) -> list[str]:
+        """Each replica's name: its own, else its position (`0`, `1`, ...). Never its URL,
+        which may carry a host an operator does not want in metrics."""
+        return [r.name or str(i) for i, r in enumerate(self.replicas)]
+
+    def key_variables(self) -> set[str]:
+        """Every variable this route reads a key from (its own, its replicas')."""
+        found = {self.api_key_env} if self.api_key_env else set()
+        return found | {r.api_key_env for r in self.replicas if r.api_key_env}
 
     def allows_passthrough(self, family: str) -> bool:
         """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""

@@ -26,6 +26,8 @@ from gateway.policy_runner import (
 )
 from gateway.prepared import EncodedBodies, PolicyBodies, PreparedRequest, RouteBodies
 from gateway.proxy import Proxy
+from gateway.replicas.fleet import ReplicatedUpstream
+from gateway.replicas.metrics import FleetCollector
 from gateway.request_body import parse_request, read_body
 from gateway.request_id import next_request_id
 from gateway.routes import Route, RouteTable
@@ -81,6 +83,13 @@ class Gateway:
         self.proxy = Proxy(settings, self.upstreams)
         self.policies = PolicyRunner(settings, table.routes)
         self.telemetry = self._telemetry(settings)
+        self.fleets = {
+            name: upstream
+            for name, upstream in self.upstreams.items()
+            if isinstance(upstream, ReplicatedUpstream)
+        }
+        if self.fleets and self.telemetry.enabled:
+            self.telemetry.metrics.registry.register(FleetCollector(self.fleets))
         self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
         self.offload = HeavyWork(
             settings.policy_thread_min_bytes,
@@ -172,6 +181,10 @@ class Gateway:
             else:
                 states[name] = "ready"
         return states
+
+    def fleet_states(self) -> dict[str, dict]:
+        """Each replicated route's replicas: state, load, ejections, affinity hits, hedges."""
+        return {name: fleet.snapshot() for name, fleet in self.fleets.items()}
 
     def ready(self) -> bool:
         tasks = [*self._started.values(), *self._warmups]

@@ -389,17 +389,18 @@ def load_settings(
         log.warning(message)
     settings = Settings(**values)
     if "captured_env" not in overrides:  # now that the routes are known, their keys too
-        route_variables = {r.api_key_env for r in settings.routes or () if r.api_key_env}
+        route_variables = {v for r in settings.routes or () for v in r.key_variables()}
         settings.captured_env = _capture(environ, wanted | route_variables)
     for route in settings.routes or ():
-        if route.api_key_env and settings.route_api_key(route) is None:
-            log.warning(
-                "%sROUTES: route %r reads its key from %s, which is not set; "
-                "its requests go without a key",
-                ENV_PREFIX,
-                route.name,
-                route.api_key_env,
-            )
+        for variable in sorted(route.key_variables()):
+            if settings.captured(variable) is None:
+                log.warning(
+                    "%sROUTES: route %r reads a key from %s, which is not set; "
+                    "its requests go without a key",
+                    ENV_PREFIX,
+                    route.name,
+                    variable,
+                )
     return settings
 
 

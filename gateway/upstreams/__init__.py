@@ -31,15 +31,31 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
     from gateway.upstreams.anthropic import AnthropicUpstream
     from gateway.upstreams.openai import OpenAIUpstream
 
+    options = {
+        "pool_size": settings.pool_size,
+        "connect_timeout_s": settings.connect_timeout_s,
+        "max_event_bytes": settings.max_event_bytes,
+        "max_response_bytes": settings.max_response_bytes,
+    }
+    if route.replicas:
+        from gateway.replicas.fleet import ReplicatedUpstream
+
+        members = []
+        for replica in route.replicas:
+            # Each replica is reached like a one-server route of its own: its URL, its key
+            # (else the route's), the route's headers under its own.
+            one = route.model_copy(
+                update={
+                    "base_url": replica.base_url,
+                    "api_key_env": replica.api_key_env or route.api_key_env,
+                    "headers": {**route.headers, **replica.headers},
+                    "replicas": (),
+                }
+            )
+            members.append(OpenAIUpstream(one, api_key=settings.route_api_key(one), **options))
+        return ReplicatedUpstream(route, members)
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
-    return kind(
-        route,
-        api_key=settings.route_api_key(route),
-        pool_size=settings.pool_size,
-        connect_timeout_s=settings.connect_timeout_s,
-        max_event_bytes=settings.max_event_bytes,
-        max_response_bytes=settings.max_response_bytes,
-    )
+    return kind(route, api_key=settings.route_api_key(route), **options)
 
 
 __all__ = [

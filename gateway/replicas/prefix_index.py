@@ -1,0 +1,133 @@
+"""What each replica probably holds in its prefix cache, as the gateway saw it.
+
+An engine with prefix caching (vLLM, SGLang, the bundled engine) keeps the KV of recent prompts
+and reuses it for any later prompt that starts the same way. The gateway cannot ask which
+prefixes an engine still holds, but it knows what it sent where: `PrefixIndex` remembers the
+prompts recently sent to one replica, bounded in memory, and `matched` tells how much of a new
+prompt that replica has likely cached.
+
+Prompts are cut into fixed blocks of characters and hashed as a chain (`prefix_blocks`): a
+block's hash covers everything before it, so equal blocks after different prefixes never match
+(an engine cannot reuse them either) and one dict lookup per block answers "is this prefix
+there". Characters, not tokens: no tokenizer runs on the request path, and a block boundary
+that differs from the engine's only loses part of one block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from hashlib import blake2b
+from typing import Any
+
+import orjson
+
+BLOCK_CHARS = 256  # ~64 tokens: fine enough to follow a chat turn, coarse enough to hash fast
+DIGEST_BYTES = 8
+# What one entry costs in the index, counted against max_bytes: the 8-byte digest plus CPython's
+# overhead for it (a bytes object of 8 bytes is 41 bytes; an OrderedDict slot and its link node
+# add about 100 more). 152 rounds an entry up to 160 bytes, so max_bytes is a real upper bound.
+ENTRY_OVERHEAD = 152
+ENTRY_BYTES = DIGEST_BYTES + ENTRY_OVERHEAD
+
+
+def prefix_blocks(text: str, seed: str = "", block_chars: int = BLOCK_CHARS) -> list[bytes]:
+    """Chained hashes of `text` in blocks of `block_chars` characters, the last partial block
+    dropped (an engine caches whole blocks only, and the tail is what differs next time).
+
+    h_i = blake2b(h_{i-1} + block_i, 8 bytes), with h_{-1} = blake2b(seed): a route that isolates
+    tenants passes the tenant as `seed`, so that equal prompts of two tenants never match.
+    """
+    if block_chars <= 0:
+        raise ValueError("block_chars must be positive")
+    h = blake2b(seed.encode(), digest_size=DIGEST_BYTES).digest()
+    out: list[bytes] = []
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        h = blake2b(
+            h + text[start : start + block_chars].encode(), digest_size=DIGEST_BYTES
+        ).digest()
+        out.append(h)
+    return out
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt of an OpenAI chat or completions body as one string, in the order an engine's
+    template lays it out: tools first, then each message's role, text and tool calls.
+
+    The policies have already canonicalized the body, so a plain serialization is stable. Image
+    and audio parts count as their type only (hashing a base64 image on every request would
+    cost more than it predicts); text-free requests simply match less.
+    """
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        tools = body.get("tools")
+        if tools:
+            parts.append(orjson.dumps(tools).decode())
+        for message in messages:
+            if isinstance(message, dict):
+                _message_text(message, parts)
+        return "".join(parts)
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _message_text(message: dict[str, Any], parts: list[str]) -> None:
+    parts.append(f"\x1e{message.get('role', '')}\x1f")
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            parts.append(text if isinstance(text, str) else f"\x1d{part.get('type', '')}\x1d")
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        parts.append(orjson.dumps(tool_calls).decode())
+
+
+class PrefixIndex:
+    """Block hashes recently sent to one replica, least recently used first out, bounded by bytes
+    (each entry counts `ENTRY_BYTES`).
+
+    `add` refreshes a prompt's blocks from the last to the first, so a prefix is always at least
+    as recent as anything that extends it: eviction takes the tails of old prompts first (as
+    vLLM does) and a present block always has its whole chain present.
+    """
+
+    def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
+        if max_bytes < ENTRY_BYTES:
+            raise ValueError(f"max_bytes must hold at least one entry ({ENTRY_BYTES} bytes)")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, None] = OrderedDict()
+
+    def matched(self, blocks: list[bytes]) -> int:
+        """How many leading blocks are present (stops at the first miss). Does not refresh: a
+        replica that is only considered has not been sent anything."""
+        entries = self._entries
+        n = 0
+        for block in blocks:
+            if block not in entries:
+                break
+            n += 1
+        return n
+
+    def add(self, blocks: list[bytes]) -> None:
+        """Insert or refresh every block, then evict the least recently used past max_bytes."""
+        entries = self._entries
+        for block in reversed(blocks):
+            if block in entries:
+                entries.move_to_end(block)
+            else:
+                entries[block] = None
+        limit = self.max_bytes // ENTRY_BYTES
+        while len(entries) > limit:
+            entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._entries) * ENTRY_BYTES

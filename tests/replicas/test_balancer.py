@@ -1,0 +1,244 @@
+"""The balancer: affinity against load, the imbalance rule, weights, health, round robin."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gateway.replicas.balancer import BalanceOptions, Balancer, ReplicaState
+from gateway.replicas.health import HealthPolicy, ReplicaHealth
+from gateway.replicas.prefix_index import PrefixIndex, prefix_blocks
+
+PROMPT = prefix_blocks("s" * 4096)  # 16 blocks
+OTHER = prefix_blocks("o" * 4096)
+
+
+def replica(name: str, *, holds: list[bytes] | None = None, **fields: object) -> ReplicaState:
+    state = ReplicaState(
+        name=name, index=PrefixIndex(), health=ReplicaHealth(HealthPolicy()), **fields
+    )
+    if holds:
+        state.index.add(holds)
+    return state
+
+
+def balancer(*replicas: ReplicaState, **options: object) -> Balancer:
+    return Balancer(list(replicas), BalanceOptions(**options))
+
+
+def test_the_replica_holding_the_prefix_wins() -> None:
+    holder = replica("z", holds=PROMPT)
+    b = balancer(replica("a"), replica("m", holds=OTHER), holder)
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica is holder and choice.reason == "affinity"
+    assert (choice.matched_blocks, choice.total_blocks) == (16, 16)
+
+
+def test_the_longer_match_wins() -> None:
+    half = prefix_blocks("s" * 2048 + "t" * 2048)
+    b = balancer(replica("a", holds=half), replica("b", holds=PROMPT))
+    assert b.choose(PROMPT, 0.0).replica.name == "b"
+
+
+def test_load_outweighs_a_full_match_past_one_set_of_slots() -> None:
+    # cost = load/slots - matched/total: a whole-prompt hit is worth `slots` requests of load
+    holder = replica("a", holds=PROMPT, in_flight=7)
+    b = balancer(holder, replica("b"), slots=8)
+    assert b.choose(PROMPT, 0.0).replica is holder  # 7/8 - 1 < 0
+    holder.in_flight = 9
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica.name == "b" and choice.reason == "least_loaded"  # 9/8 - 1 > 0
+
+
+def test_queue_and_kv_usage_count_as_load() -> None:
+    holder = replica("a", holds=PROMPT, in_flight=4, queue=5)
+    b = balancer(holder, replica("b"))
+    assert b.choose(PROMPT, 0.0).replica.name == "b"  # (4 + 5)/8 > 1
+    b = balancer(replica("a", kv_usage=0.9), replica("b", kv_usage=0.1))
+    assert b.choose(OTHER, 0.0).replica.name == "b"
+    b = balancer(replica("a", kv_usage=0.9), replica("b", in_flight=1))
+    assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9
+
+
+def test_weights_scale_load() -> None:
+    big = replica("a", holds=PROMPT, in_flight=12, weight=2.0)
+    b = balancer(big, replica("b"))
+    assert b.choose(PROMPT, 0.0).replica is big  # 12 / (8 * 2) < 1
+    big.weight = 1.0
+    assert b.choose(PROMPT, 0.0).replica.name == "b"
+
+
+@pytest.mark.parametrize(
+    ("hot", "cold", "load_wins"),
+    [
+        (7, 0, False),  # difference under imbalance_abs
+        (8, 0, True),  # 8 - 0 >= 8 and 8 >= 2 * (0 + 1)
+        (12, 5, False),  # difference 7
+        (13, 5, True),  # difference 8 and 13 >= 12
+        (20, 10, False),  # difference 10 but 20 < 2 * 11
+        (22, 10, True),
+    ],
+)
+def test_imbalance_rule_thresholds(hot: int, cold: int, load_wins: bool) -> None:
+    # load_weight=0 leaves the rule alone against a full match
+    holder = replica("a", holds=PROMPT, in_flight=hot)
+    b = balancer(holder, replica("b", in_flight=cold), load_weight=0.0)
+    choice = b.choose(PROMPT, 0.0)
+    assert (choice.replica.name == "b") is load_wins
+    assert choice.reason == ("load" if load_wins else "affinity")
+
+
+def test_imbalance_rule_is_configurable_and_compares_the_pick() -> None:
+    holder = replica("a", holds=PROMPT, in_flight=4)
+    b = balancer(holder, replica("b"), load_weight=0.0, imbalance_abs=4, imbalance_ratio=4.0)
+    assert b.choose(PROMPT, 0.0).reason == "load"
+    # a hot replica elsewhere does not break the affinity of a cool one
+    b = balancer(
+        replica("a", holds=PROMPT, in_flight=2),
+        replica("b"),
+        replica("c", in_flight=30),
+        load_weight=0.0,
+    )
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica.name == "a" and choice.reason == "affinity"
+
+
+def test_ties_go_to_lower_load_then_name() -> None:
+    b = balancer(replica("c"), replica("b"), replica("a", in_flight=1))
+    assert b.choose(OTHER, 0.0).replica.name == "b"
+    # equal cost: a has one more request and one more block
+    b = balancer(
+        replica("a", holds=PROMPT[:1], in_flight=1), replica("b"), slots=16, load_weight=1.0
+    )
+    assert b.choose(PROMPT, 0.0).replica.name == "b"
+
+
+def test_least_loaded_mode() -> None:
+    b = balancer(
+        replica("a", holds=PROMPT, in_flight=3),
+        replica("b", in_flight=3, weight=2.0),
+        replica("c", in_flight=2),
+        mode="least_loaded",
+    )
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica.name == "b" and choice.reason == "least_loaded"
+    b = balancer(replica("b"), replica("a"), mode="least_loaded")
+    assert b.choose(PROMPT, 0.0).replica.name == "a"
+
+
+def test_round_robin_follows_weights_smoothly() -> None:
+    b = balancer(
+        replica("a", weight=1.0),
+        replica("b", weight=2.0),
+        replica("c", weight=3.0),
+        mode="round_robin",
+    )
+    picks = [b.choose(PROMPT, 0.0) for _ in range(1000)]
+    assert {p.reason for p in picks} == {"round_robin"}
+    counts = Counter(p.replica.name for p in picks)
+    for name, share in (("a", 1 / 6), ("b", 2 / 6), ("c", 3 / 6)):
+        assert abs(counts[name] / 1000 - share) <= 0.02
+    names = [p.replica.name for p in picks[:6]]
+    assert sorted(names) == ["a", "b", "b", "c", "c", "c"]  # interleaved within each cycle
+    assert names.count("c") == 3 and names[:2] != ["c", "c"]
+
+
+def test_round_robin_skips_ejected_replicas() -> None:
+    a, b_ = replica("a"), replica("b")
+    b = balancer(a, b_, replica("c"), mode="round_robin")
+    a.health.failed(0.0)
+    picks = Counter(b.choose(PROMPT, 0.5).replica.name for _ in range(100))
+    assert picks == {"b": 50, "c": 50}
+
+
+def test_never_an_ejected_replica_while_a_healthy_one_exists() -> None:
+    holder = replica("a", holds=PROMPT)
+    busy = replica("b", in_flight=50)
+    holder.health.failed(0.0)
+    for mode in ("prefix_affinity", "least_loaded", "round_robin"):
+        b = balancer(holder, busy, mode=mode)
+        assert {b.choose(PROMPT, 0.5).replica.name for _ in range(4)} == {"b"}
+    b = balancer(holder, busy)
+    assert b.choose(PROMPT, 1.0).replica is holder  # half-open after its ejection
+
+
+def test_with_none_healthy_the_oldest_failure_is_tried() -> None:
+    a, b_, c = replica("a"), replica("b"), replica("c")
+    b_.health.failed(1.0)
+    b_.health.failed(2.0)  # half-open, failed again: out until 4.0
+    a.health.failed(2.5)
+    c.health.failed(3.0)
+    b = balancer(a, b_, c)
+    choice = b.choose(PROMPT, 3.2)
+    assert choice.replica is b_ and choice.reason == "only_unhealthy"
+
+
+def test_exclude() -> None:
+    holder = replica("a", holds=PROMPT)
+    sick = replica("c")
+    sick.health.failed(0.0)
+    b = balancer(holder, replica("b"), sick)
+    assert b.choose(PROMPT, 0.1, exclude=frozenset({"a"})).replica.name == "b"
+    choice = b.choose(PROMPT, 0.1, exclude=frozenset({"a", "b"}))
+    assert choice.replica is sick and choice.reason == "only_unhealthy"
+    with pytest.raises(LookupError):
+        b.choose(PROMPT, 0.1, exclude=frozenset({"a", "b", "c"}))
+
+
+def test_sent_and_done_keep_the_index_and_in_flight() -> None:
+    a, b_ = replica("a"), replica("b")
+    b = balancer(a, b_)
+    first = b.choose(PROMPT, 0.0)
+    b.sent(first, PROMPT)
+    holder = first.replica
+    other = b_ if holder is a else a
+    assert holder.in_flight == 1 and holder.index.matched(PROMPT) == 16
+    second = b.choose(PROMPT, 0.0)
+    assert second.replica is holder and second.reason == "affinity"
+    assert b.choose(OTHER, 0.0).replica is other  # no match anywhere: the less loaded
+    b.done(holder)
+    b.done(holder)
+    assert holder.in_flight == 0
+    assert b.by_name("b") is b_
+    with pytest.raises(KeyError):
+        b.by_name("nope")
+
+
+def test_new_prefixes_spread_by_their_first_block_the_same_everywhere() -> None:
+    """Ties among idle replicas go to a hash of the prompt's first block: different families
+    land on different replicas, and two balancers (two gateway processes) agree."""
+    names = [f"r{i}" for i in range(4)]
+    one = balancer(*(replica(n) for n in names))
+    two = balancer(*(replica(n) for n in names))
+    picks = []
+    for family in range(40):
+        blocks = prefix_blocks(f"family {family} " * 100)
+        picked = one.choose(blocks, 0.0).replica.name
+        assert two.choose(blocks, 0.0).replica.name == picked
+        picks.append(picked)
+    assert min(Counter(picks).values()) >= 4  # every replica gets some of the 40
+
+
+def test_empty_prompt_goes_by_load() -> None:
+    b = balancer(replica("a", in_flight=2), replica("b", in_flight=1))
+    choice = b.choose([], 0.0)
+    assert choice.replica.name == "b" and choice.total_blocks == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"mode": "random"}, {"slots": 0}],
+)
+def test_options_are_checked(options: dict) -> None:
+    with pytest.raises(ValueError):
+        balancer(replica("a"), **options)
+
+
+def test_replicas_are_checked() -> None:
+    with pytest.raises(ValueError):
+        Balancer([], BalanceOptions())
+    with pytest.raises(ValueError):
+        balancer(replica("a"), replica("a"))
+    with pytest.raises(ValueError):
+        balancer(replica("a", weight=0.0))
