@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> HotPath:
             {
                 "ready": ready,
                 "routes": gateway.route_states(),
-                "replicas": gateway.fleet_states(),
+                "replicas": gateway.replica_health(),
                 "telemetry": gateway.telemetry.health(),
             },
             200 if ready else 503,

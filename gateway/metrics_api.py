@@ -3,6 +3,8 @@
 A tenant sees only its own figures; asking for another tenant is a 403, never an empty success.
 Admin keys (`FIRSTTOKEN_ADMIN_KEYS`) may read any tenant, or all with `?tenant=*`.
 `?api=chat|completions|responses|messages` keeps only the requests of one client API.
+Admins (and an open gateway) also get each replicated route's replicas: state, load, requests,
+affinity hits, ejections, mean upstream TTFT, and hedges sent, won and lost.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
             window = _window(request)
             asked = _asked_tenant(request)
             api = _api(request)
-            if gateway.keys.is_admin(request):
+            admin = gateway.keys.is_admin(request)
+            if admin:
                 tenant = asked or "default"
             else:
                 tenant = gateway.keys.tenant_for(request)
@@ -83,6 +86,9 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
                         code="forbidden_tenant",
                     )
             report = await gateway.telemetry.report(tenant, window, api)
+            if gateway.fleets and (admin or gateway.keys.open):
+                # Fleet-wide (every tenant's requests): for operators only.
+                report["replicas"] = gateway.fleet_states()
         except GatewayError as exc:
             return exc.to_response()
         except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only

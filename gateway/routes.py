@@ -65,6 +65,9 @@ class Route(BaseModel):
     eject_s: float = Field(default=1.0, gt=0)
     max_eject_s: float = Field(default=60.0, gt=0)
     probe_interval_s: float = Field(default=5.0, gt=0)
+    # the replicas' own /metrics (queue length, KV cache usage), read every load_interval_s
+    load_metrics: Literal["vllm", "sglang"] | None = None
+    load_interval_s: float = Field(default=1.0, gt=0)
     # hedged first token: ms without a first token before a second replica is asked
     hedge_after_ms: float | Literal["p95"] | None = None
     hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)

@@ -186,6 +186,14 @@ class Gateway:
         """Each replicated route's replicas: state, load, ejections, affinity hits, hedges."""
         return {name: fleet.snapshot() for name, fleet in self.fleets.items()}
 
+    def replica_health(self) -> dict[str, dict[str, str]]:
+        """Each replica's state alone (`healthy`, `ejected`), for unauthenticated `/readyz`:
+        nothing there says how much traffic anyone sends."""
+        return {
+            name: {r["name"]: r["state"] for r in fleet.snapshot()["replicas"]}
+            for name, fleet in self.fleets.items()
+        }
+
     def ready(self) -> bool:
         tasks = [*self._started.values(), *self._warmups]
         return (

@@ -17,14 +17,15 @@ Modes (`BalanceOptions.mode`):
   (the kv_usage term only where the upstream reports it). The lowest cost wins; ties go to the
   lower load(r)/weight(r), then to a rendezvous hash of the prompt's first block with the
   replica's name: a prefix nobody holds yet lands on a replica chosen by the prefix itself, so
-  new families spread over the fleet, and every gateway process picks the same one. `matched/total` is the share of the prompt's blocks
-  the replica likely holds (`PrefixIndex`), `load/slots` is how many times over the replica's
-  concurrent capacity it is busy. With both weights at 1, a whole-prompt hit is worth one full
-  set of slots of extra load: a session stays where its history is until that replica is
-  `slots` requests busier than another, which is about when waiting for a slot costs more than
-  recomputing the prompt (a slot frees every service_time / slots, a prompt recomputes in a
-  fraction of one service time). queue counts the waiting requests a second time on top of
-  in_flight on purpose: a request that waits is the expensive kind of load.
+  new families spread over the fleet, and every gateway process picks the same one.
+  `matched/total` is the share of the prompt's blocks the replica likely holds (`PrefixIndex`),
+  `load/slots` is how many times over the replica's concurrent capacity it is busy. With both
+  weights at 1, a whole-prompt hit is worth one full set of slots of extra load: a session stays
+  where its history is until that replica is `slots` requests busier than another, which is about
+  when waiting for a slot costs more than recomputing the prompt (a slot frees every service_time
+  / slots, a prompt recomputes in a fraction of one service time). queue counts the waiting
+  requests a second time on top of in_flight on purpose: a request that waits is the expensive
+  kind of load.
 
   Imbalance rule: if the replica the cost picks is, in load per unit of weight, at least
   `imbalance_abs` requests above the least loaded healthy replica *and* at least

@@ -25,6 +25,7 @@ from gateway.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaS
 from gateway.replicas.health import HealthPolicy, ReplicaHealth
 from gateway.replicas.hedging import HedgeBudget, TtftTracker
 from gateway.replicas.prefix_index import PrefixIndex, prefix_blocks, prompt_text
+from gateway.replicas.server_load import MAX_METRICS_BYTES, parse_server_load
 from gateway.routes import Route
 from gateway.upstreams.base import (
     CallContext,
@@ -91,12 +92,15 @@ class ReplicatedUpstream:
         self.ttft = TtftTracker()
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self._probe: asyncio.Task | None = None
+        self._load: asyncio.Task | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         await asyncio.gather(*(m.upstream.start() for m in self.members.values()))
         self._probe = asyncio.ensure_future(self._probe_loop())
+        if self.route.load_metrics is not None:
+            self._load = asyncio.ensure_future(self._load_loop(self.route.load_metrics))
 
     async def warm_up(self) -> None:
         await asyncio.gather(
@@ -104,8 +108,9 @@ class ReplicatedUpstream:
         )
 
     async def aclose(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
+        for task in (self._probe, self._load):
+            if task is not None:
+                task.cancel()
         await asyncio.gather(
             *(m.upstream.aclose() for m in self.members.values()), return_exceptions=True
         )
@@ -128,6 +133,28 @@ class ReplicatedUpstream:
                 if answer is not None and not isinstance(answer, BaseException):
                     member.state.health.probe_ok(time.monotonic())
                     log.info("route %s: replica %s is back", self.route.name, member.state.name)
+
+    async def _load_loop(self, kind: str) -> None:
+        """Every `load_interval_s`, each healthy replica's queue and KV cache usage from its
+        `/metrics`; a replica that does not answer counts as unknown (its in-flight requests
+        alone) until it does."""
+        while True:
+            await asyncio.sleep(self.route.load_interval_s)
+            members = list(self.members.values())
+            texts = await asyncio.gather(
+                *(
+                    m.upstream.http.get_origin_text("/metrics", PROBE_TIMEOUT_S, MAX_METRICS_BYTES)
+                    for m in members
+                ),
+                return_exceptions=True,
+            )
+            for member, text in zip(members, texts, strict=True):
+                state = member.state
+                if isinstance(text, str):
+                    load = parse_server_load(text, kind)
+                    state.queue, state.kv_usage = load.queue, load.kv_usage
+                else:
+                    state.queue = state.kv_usage = None
 
     # -- what the proxy calls ---------------------------------------------------------------
 
@@ -313,6 +340,8 @@ class ReplicatedUpstream:
                     "name": name,
                     "state": state.health.state(now),
                     "in_flight": state.in_flight,
+                    "queue": state.queue,
+                    "kv_usage": state.kv_usage,
                     "ejections": state.health.ejections,
                     "requests": stats.requests,
                     "affinity_hits": stats.affinity_hits,

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -167,6 +168,23 @@ class UpstreamHttp:
             ResponseTooLarge,
             UpstreamError,
         ) as exc:
+            log.info("GET %s on route %s failed: %s", path, self.route.name, type(exc).__name__)
+            return None
+
+    async def get_origin_text(self, path: str, timeout_s: float, limit: int) -> str | None:
+        """A small GET of `path` at the route's origin (scheme, host and port of its base URL:
+        a server's `/metrics` sits beside `/v1`, never elsewhere); None on any failure."""
+        parts = urlsplit(self.base_url)
+        try:
+            async with self.session.get(
+                f"{parts.scheme}://{parts.netloc}{path}",
+                headers=self.headers(),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                allow_redirects=False,
+            ) as resp:
+                body = await read_limited(resp, limit)
+                return body.decode("utf-8", "replace") if resp.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLarge, UpstreamError) as exc:
             log.info("GET %s on route %s failed: %s", path, self.route.name, type(exc).__name__)
             return None
 

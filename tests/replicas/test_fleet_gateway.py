@@ -51,9 +51,13 @@ def ask(client, system: str, turns: list[str]) -> None:
         messages.append({"role": "assistant", "content": "tok0 tok1 tok2 tok3 tok4 "})
 
 
+def fleet(gw) -> dict:
+    """The fleet's figures, as an operator reads them (open gateway: no key needed)."""
+    return httpx.get(gw.url + "/v1/metrics/ttft", timeout=10).json()["replicas"]["fleet"]
+
+
 def replica_states(gw) -> dict[str, dict]:
-    body = httpx.get(gw.url + "/readyz", timeout=10).json()
-    return {r["name"]: r for r in body["replicas"]["fleet"]["replicas"]}
+    return {r["name"]: r for r in fleet(gw)["replicas"]}
 
 
 def test_prefix_affinity_keeps_each_conversation_on_one_replica(servers, make_gateway):
@@ -93,6 +97,8 @@ def test_a_stopped_replica_is_ejected_and_a_probe_brings_it_back(servers, make_g
     states = replica_states(gw)
     assert states["r1"]["state"] == "ejected" and states["r1"]["ejections"] >= 1
     assert states["r0"]["state"] == states["r2"]["state"] == "healthy"
+    ready = httpx.get(gw.url + "/readyz", timeout=10).json()
+    assert ready["replicas"] == {"fleet": {"r0": "healthy", "r1": "ejected", "r2": "healthy"}}
     with ThreadedServer(MockUpstream(), port=port) as back:
         assert eventually(lambda: replica_states(gw)["r1"]["state"] == "healthy", 5.0)
         for i in range(3):
@@ -111,7 +117,7 @@ def test_a_slow_first_token_is_hedged_and_the_loser_closed(servers, make_gateway
         ask(client, SYSTEM, [f"q{i}"])
     elapsed = time.perf_counter() - started
     assert elapsed < 2.5  # no request waited for the slow replica's 3 s
-    hedges = httpx.get(gw.url + "/readyz", timeout=10).json()["replicas"]["fleet"]["hedges"]
+    hedges = fleet(gw)["hedges"]
     assert hedges["sent"] == 2 and hedges["won"] == 2 and hedges["lost"] == 0
     assert eventually(lambda: len(slow.mock.disconnects) >= 2, 5.0)  # the losers closed
     assert chat_posts(fast) == 4
@@ -122,7 +128,7 @@ def test_no_hedge_when_the_first_token_is_fast(servers, make_gateway):
     client = sdk_client(gw)
     for i in range(5):
         ask(client, SYSTEM, [f"q{i}"])
-    hedges = httpx.get(gw.url + "/readyz", timeout=10).json()["replicas"]["fleet"]["hedges"]
+    hedges = fleet(gw)["hedges"]
     assert hedges == {"sent": 0, "won": 0, "lost": 0}
     assert sum(chat_posts(s) for s in servers) == 5  # one upstream request each
 
@@ -135,7 +141,7 @@ def test_the_hedge_budget_holds_when_every_replica_is_slow(servers, make_gateway
     client = sdk_client(gw)
     for i in range(12):
         ask(client, SYSTEM, [f"q{i}"])
-    hedges = httpx.get(gw.url + "/readyz", timeout=10).json()["replicas"]["fleet"]["hedges"]
+    hedges = fleet(gw)["hedges"]
     assert 1 <= hedges["sent"] <= 0.25 * 12
     assert sum(chat_posts(s) for s in servers) == 12 + hedges["sent"]
 
@@ -150,7 +156,7 @@ def test_store_true_is_never_hedged(servers, make_gateway):
             model="m", messages=[{"role": "user", "content": "x"}], stream=True, store=True
         )
     )
-    hedges = httpx.get(gw.url + "/readyz", timeout=10).json()["replicas"]["fleet"]["hedges"]
+    hedges = fleet(gw)["hedges"]
     assert hedges["sent"] == 0
 
 

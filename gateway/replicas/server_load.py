@@ -1,0 +1,56 @@
+"""What an inference server says of its own load, read from its Prometheus `/metrics`.
+
+The gateway counts its own in-flight requests per replica, but only the server knows how many
+wait in its queue (other gateways, other clients) and how full its KV cache is. vLLM and SGLang
+both export these; the balancer adds them to its load term when a route names its server
+(`load_metrics: "vllm" | "sglang"`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# server kind: (waiting requests, KV cache usage 0..1); the first name found wins
+METRICS = {
+    "vllm": (
+        ("vllm:num_requests_waiting",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
+    "sglang": (("sglang:num_queue_reqs",), ("sglang:token_usage",)),
+}
+MAX_METRICS_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    queue: int | None
+    kv_usage: float | None
+
+
+def parse_server_load(text: str, kind: str) -> ServerLoad:
+    """The queue length (summed over the server's models and ranks) and the highest KV cache
+    usage in `text`; None for what is absent or not a sane number (the text is untrusted)."""
+    queue_names, usage_names = METRICS[kind]
+    sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = sample.value
+                if not math.isfinite(value) or value < 0:
+                    continue
+                if sample.name in queue_names:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + value
+                elif sample.name in usage_names:
+                    peaks[sample.name] = max(peaks.get(sample.name, 0.0), value)
+    except (ValueError, TypeError, IndexError):
+        return ServerLoad(None, None)
+    queue = next((sums[n] for n in queue_names if n in sums), None)
+    usage = next((peaks[n] for n in usage_names if n in peaks), None)
+    return ServerLoad(
+        None if queue is None else min(int(queue), 1_000_000),
+        None if usage is None else min(usage, 1.0),
+    )
