@@ -28,6 +28,7 @@ from gateway.prepared import EncodedBodies, PolicyBodies, PreparedRequest, Route
 from gateway.proxy import Proxy
 from gateway.replicas.fleet import ReplicatedUpstream
 from gateway.replicas.metrics import FleetCollector
+from gateway.replicas.shared_index import SharedPlacements
 from gateway.request_body import parse_request, read_body
 from gateway.request_id import next_request_id
 from gateway.routes import Route, RouteTable
@@ -100,9 +101,22 @@ class Gateway:
                 (dumps_settings(settings), [r.model_dump(mode="json") for r in table.routes]),
             ),
         )
+        self.placements = self._shared_placements(settings)
         self._started: dict[str, asyncio.Task] = {}
         self._warmups: list[asyncio.Task] = []
         self._processes_started: asyncio.Future | None = None
+
+    def _shared_placements(self, settings: Settings) -> SharedPlacements | None:
+        """With Redis (and not a cluster: Pub/Sub is per node there), replicated routes' prefix
+        indexes are shared with the other gateway processes; without it each keeps its own."""
+        redis_url = settings.effective_redis_url()
+        if not self.fleets or not redis_url or settings.redis_cluster:
+            return None
+        from gateway.telemetry.redis_store import connect
+
+        return SharedPlacements(
+            connect(redis_url, timeout_s=5.0), settings.metrics_key_prefix, self.fleets
+        )
 
     @staticmethod
     def _telemetry(settings: Settings):
@@ -126,6 +140,8 @@ class Gateway:
         await self.telemetry.start()
         self._warmups.append(asyncio.ensure_future(asyncio.to_thread(warm_up_tokens)))
         self._processes_started = asyncio.ensure_future(self._start_processes())
+        if self.placements is not None:
+            self.placements.start()
         for name, upstream in self.upstreams.items():
             self._started[name] = asyncio.ensure_future(self._start_upstream(upstream))
 
@@ -210,6 +226,8 @@ class Gateway:
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()), return_exceptions=True)
         await self.telemetry.aclose()
         await self.offload.aclose()
+        if self.placements is not None:
+            await self.placements.aclose()
 
     # requests ------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from gateway.upstreams.base import (
 if TYPE_CHECKING:
     import aiohttp
 
+    from gateway.replicas.shared_index import SharedPlacements
     from gateway.upstream_paths import PassPath
     from gateway.upstreams.openai import OpenAIUpstream
 
@@ -93,6 +94,7 @@ class ReplicatedUpstream:
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self._probe: asyncio.Task | None = None
         self._load: asyncio.Task | None = None
+        self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class ReplicatedUpstream:
         blocks = self._blocks(body, ctx)
         choice = self._choose(blocks)
         member = self.members[choice.replica.name]
-        self.balancer.sent(choice, blocks)
+        self._sent(choice, blocks)
         try:
             result = await member.upstream.complete(body, ctx)
         except UpstreamError as exc:
@@ -224,6 +226,11 @@ class ReplicatedUpstream:
             stats.affinity_hits += 1
         return choice
 
+    def _sent(self, choice: Choice, blocks: list[bytes]) -> None:
+        self.balancer.sent(choice, blocks)
+        if self.placements is not None and blocks:
+            self.placements.placed(self.route.name, choice.replica.name, blocks)
+
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
         now = time.monotonic()
@@ -267,7 +274,7 @@ class ReplicatedUpstream:
         self, choice: Choice, blocks: list[bytes], body: UpstreamBody, ctx: CallContext
     ) -> TrackedStream:
         member = self.members[choice.replica.name]
-        self.balancer.sent(choice, blocks)
+        self._sent(choice, blocks)
         sent = time.monotonic()
         try:
             stream = await member.upstream.open_stream(body, ctx)
