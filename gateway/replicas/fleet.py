@@ -418,7 +418,7 @@ class TrackedStream:
             failure = exc
             raise
         finally:
-            self._end(failure)
+            self._end(failure or self._timed_out())
 
     def _end(self, failure: BaseException | None) -> None:
         if not self._ended:
@@ -428,4 +428,13 @@ class TrackedStream:
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
             await self._inner.aclose()
-        self._end(None)
+        self._end(self._timed_out())
+
+    def _timed_out(self) -> UpstreamError | None:
+        """Closed without a first token once the route's first-token timeout had passed: the
+        proxy gave up on this replica, which counts as its failure (a client that leaves
+        earlier does not)."""
+        limit = self._fleet.route.first_token_timeout_s
+        if self._first_seen or limit is None or time.monotonic() - self._sent < 0.95 * limit:
+            return None
+        return UpstreamError("no first token in time", status=504)

@@ -189,3 +189,15 @@ def test_replica_configuration_is_checked(servers):
     for route in bad:
         with pytest.raises(SettingsError):
             load_settings(environ={}, routes=[route])
+
+
+def test_a_replica_that_misses_the_first_token_timeout_is_ejected(servers, make_gateway):
+    servers[0].mock.behaviour.first_delay_s = 2.0
+    route = fleet_route(servers[:2], balance="round_robin", first_token_timeout_s=0.3, eject_s=30)
+    gw = make_gateway([route])
+    client = sdk_client(gw)
+    for i in range(4):  # the proxy retries the slow replica's requests on the other one
+        ask(client, SYSTEM, [f"q{i}"])
+    states = replica_states(gw)
+    assert states["r0"]["state"] == "ejected" and states["r1"]["state"] == "healthy"
+    assert chat_posts(servers[0]) == 1  # ejected after its first miss: never tried again
