@@ -38,6 +38,16 @@ class Replica(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
 
 
+class PDPools(BaseModel):
+    """Prefill/decode separation over vLLM's disaggregated-serving protocol (`gateway/pd`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefill: tuple[Replica, ...] = Field(min_length=1)
+    decode: tuple[Replica, ...] = Field(min_length=1)
+    prefill_timeout_s: float = Field(default=30.0, gt=0)
+
+
 class Route(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,10 +81,14 @@ class Route(BaseModel):
     # hedged first token: ms without a first token before a second replica is asked
     hedge_after_ms: float | Literal["p95"] | None = None
     hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)
+    # openai only: prefill and decode servers (vLLM P/D pools, `firsttoken engine --role`)
+    pd: PDPools | None = None
 
     @model_validator(mode="after")
     def _needs_target(self) -> Route:
-        if self.replicas:
+        if self.pd is not None:
+            self._check_pd()
+        elif self.replicas:
             self._check_replicas()
         elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
@@ -111,15 +125,33 @@ class Route(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"route {self.name!r}: replica names must be unique")
 
+    def _check_pd(self) -> None:
+        assert self.pd is not None
+        if self.kind != "openai":
+            raise ValueError(f"route {self.name!r}: pd applies to openai routes only")
+        if self.base_url or self.replicas:
+            raise ValueError(f"route {self.name!r}: give pd, replicas or base_url, only one")
+        for pool, replicas in (("prefill", self.pd.prefill), ("decode", self.pd.decode)):
+            for replica in replicas:
+                if not _is_http_url(replica.base_url):
+                    raise ValueError(
+                        f"route {self.name!r}: a {pool} server's base_url must be an http:// "
+                        f"or https:// URL with a host, got {_shown_url(replica.base_url)}"
+                    )
+            names = pool_names(replicas)
+            if len(set(names)) != len(names):
+                raise ValueError(f"route {self.name!r}: {pool} server names must be unique")
+
     def replica_names(self) -> list[str]:
         """Each replica's name: its own, else its position (`0`, `1`, ...). Never its URL,
         which may carry a host an operator does not want in metrics."""
-        return [r.name or str(i) for i, r in enumerate(self.replicas)]
+        return pool_names(self.replicas)
 
     def key_variables(self) -> set[str]:
         """Every variable this route reads a key from (its own, its replicas')."""
         found = {self.api_key_env} if self.api_key_env else set()
-        return found | {r.api_key_env for r in self.replicas if r.api_key_env}
+        servers = [*self.replicas, *(self.pd.prefill + self.pd.decode if self.pd else ())]
+        return found | {r.api_key_env for r in servers if r.api_key_env}
 
     def allows_passthrough(self, family: str) -> bool:
         """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""
@@ -130,6 +162,11 @@ class Route(BaseModel):
 
     def upstream_model(self, model: str) -> str:
         return self.model_map.get(model, model)
+
+
+def pool_names(replicas: Sequence[Replica]) -> list[str]:
+    """Each server's name: its own, else its position (`0`, `1`, ...)."""
+    return [r.name or str(i) for i, r in enumerate(replicas)]
 
 
 def _is_http_url(url: str) -> bool:
