@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,8 +57,10 @@ def wait_http(url: str, timeout: float = 30.0) -> float:
 
 
 def start_mock(
-    first_ms: float = 50, chunks: int = 20, gap_ms: float = 5
+    first_ms: float = 50, chunks: int = 20, gap_ms: float = 5, extra_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen, str]:
+    """`bench.mock_openai` on the harness core; `extra_args` go to its command line as they are
+    (`--slow-share 0.05 --seed 1`, ...)."""
     port = free_port()
     return start_upstream(
         [
@@ -73,6 +76,7 @@ def start_mock(
             str(chunks),
             "--gap-ms",
             str(gap_ms),
+            *extra_args,
         ],
         port,
     )

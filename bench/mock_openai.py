@@ -3,13 +3,16 @@
 It streams like the real APIs (role chunk, content chunks, finish chunk, optional usage chunk,
 `[DONE]`) with configurable delays, and can be scripted to fail, to hold an event until told,
 and to report whether a client dropped its connection. Run it alone with
-`python -m bench.mock_openai --port 9000 --first-ms 50 --chunks 20 --gap-ms 5`.
+`python -m bench.mock_openai --port 9000 --first-ms 50 --chunks 20 --gap-ms 5`; add
+`--slow-share 0.05 --slow-first-ms 2000 --seed 1` to make a seeded random share of chat requests
+slow to their first token (a tail for hedging to cut). `GET /mock/stats` counts what it served.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,15 +41,23 @@ class MockBehaviour:
     answer_headers: dict[str, str] = field(default_factory=dict)  # on chat/messages answers
     pad_bytes: int = 0  # padding added to list bodies
     huge_event_bytes: int = 0  # a response stream event this big
+    # chat: this share of requests (drawn from the mock's seeded generator) waits
+    # slow_first_delay_s instead of first_delay_s before its first event
+    slow_share: float = 0.0
+    slow_first_delay_s: float = 0.0
 
 
 class MockUpstream:
-    def __init__(self, behaviour: MockBehaviour | None = None) -> None:
+    def __init__(self, behaviour: MockBehaviour | None = None, seed: int = 0) -> None:
         self.behaviour = behaviour or MockBehaviour()
         self.requests: list[dict] = []  # {"path", "headers", "body"}
         self.disconnects: list[float] = []  # times a streaming client went away
         self.sent_first: list[float] = []
+        self.chat_requests = 0  # counted even where `requests` keeps nothing (standalone)
+        self.slow_firsts = 0  # chat requests that drew the slow first token
+        self._rng = random.Random(seed)
         self.app = web.Application()
+        self.app.router.add_get("/mock/stats", self.stats)  # before the objects' catch-all
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_get("/v1/models", self.models)
@@ -103,17 +114,37 @@ class MockUpstream:
             "prompt_tokens_details": {"cached_tokens": b.cached_tokens},
         }
 
+    def _first_delay(self) -> float:
+        """The wait before a chat answer's first event: the slow one for a seeded share."""
+        b = self.behaviour
+        if b.slow_share > 0 and self._rng.random() < b.slow_share:
+            self.slow_firsts += 1
+            return b.slow_first_delay_s
+        return b.first_delay_s
+
+    async def stats(self, request: web.Request) -> web.Response:
+        """What this mock served, for benches that count upstream requests per variant."""
+        return web.json_response(
+            {
+                "chat_requests": self.chat_requests,
+                "slow_firsts": self.slow_firsts,
+                "disconnects": len(self.disconnects),
+            }
+        )
+
     # -- OpenAI ----------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
+        self.chat_requests += 1
         failure = self._failure()
         if failure is not None:
             return failure
         b = self.behaviour
+        first_delay_s = self._first_delay()
         model = body.get("model", "mock")
         words = [f"tok{i} " for i in range(b.chunks)]
         if not body.get("stream"):
-            if await self._client_left_during(request, b.first_delay_s + b.gap_s * b.chunks):
+            if await self._client_left_during(request, first_delay_s + b.gap_s * b.chunks):
                 return web.Response(status=499)
             message: dict = {"role": "assistant", "content": "".join(words)}
             finish = "stop"
@@ -163,7 +194,7 @@ class MockUpstream:
             )
 
         try:
-            await asyncio.sleep(b.first_delay_s)
+            await asyncio.sleep(first_delay_s)
             if b.cut_before_events:
                 request.transport.close()
                 return resp
@@ -832,11 +863,21 @@ def main() -> None:
     parser.add_argument("--first-ms", type=float, default=50)
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--gap-ms", type=float, default=5)
+    parser.add_argument(
+        "--slow-share", type=float, default=0.0, help="share of chat requests with a slow first"
+    )
+    parser.add_argument("--slow-first-ms", type=float, default=2000, help="their first token")
+    parser.add_argument("--seed", type=int, default=0, help="seeds which requests are slow")
     args = parser.parse_args()
     mock = MockUpstream(
         MockBehaviour(
-            first_delay_s=args.first_ms / 1000, chunks=args.chunks, gap_s=args.gap_ms / 1000
-        )
+            first_delay_s=args.first_ms / 1000,
+            chunks=args.chunks,
+            gap_s=args.gap_ms / 1000,
+            slow_share=args.slow_share,
+            slow_first_delay_s=args.slow_first_ms / 1000,
+        ),
+        seed=args.seed,
     )
     mock.requests = _Discard()
     try:
