@@ -7,7 +7,12 @@ import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Callable
 from importlib import metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -15,19 +20,48 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.server import server_config
     from gateway.settings import SettingsError, load_settings
 
+    worker = args.worker_index is not None  # one of `--workers N` processes (gateway.workers)
     # Configured before the settings load, so that their start-up warnings are formatted too.
-    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=_worker_log_format(args.worker_index) if worker else LOG_FORMAT,
+    )
     try:
-        settings = load_settings(config_file=args.config)
+        settings = _load_settings(args, worker, load_settings)
+        if args.workers > 1 and not worker:
+            from gateway.workers import check_workers, serve_workers
+
+            check_workers(settings, args.workers)
+            logging.getLogger().setLevel(settings.log_level.upper())
+            return serve_workers(
+                settings,
+                workers=args.workers,
+                host=args.host,
+                port=args.port,
+                config=args.config,
+                access_log=args.access_log,
+            )
+        from gateway.app import create_app
+
         app = create_app(settings)
     except SettingsError as exc:
         print(f"firsttoken: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(settings.log_level.upper())
+    options = {}
+    sockets = None
+    if worker:
+        from gateway.workers import worker_log_config, worker_socket
+
+        options["log_config"] = worker_log_config(args.worker_index)
+        try:
+            sockets = [worker_socket(args.host, args.port, args.worker_fd)]
+        except OSError as exc:
+            print(f"firsttoken: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
     # Objects alive at start-up live for the whole process: keep the cyclic GC from scanning
     # them again and again on the request path.
     gc.collect()
@@ -43,11 +77,34 @@ def _serve(args: argparse.Namespace) -> int:
             loop="auto",
             lifespan="on",
             timeout_keep_alive=75,
+            **options,
         )
     )
+    if worker and args.worker_parent is not None:
+        from gateway.workers import exit_with_parent
+
+        exit_with_parent(args.worker_parent, lambda: setattr(server, "should_exit", True))
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def _load_settings(
+    args: argparse.Namespace, worker: bool, load: Callable[..., Settings]
+) -> Settings:
+    if not worker:
+        return load(config_file=args.config)
+    from gateway.workers import quiet_warnings
+
+    # The supervisor logged the settings' warnings once, for every worker.
+    with quiet_warnings(logging.getLogger("firsttoken")):
+        return load(config_file=args.config)
+
+
+def _worker_log_format(index: int) -> str:
+    from gateway.workers import worker_tag
+
+    return LOG_FORMAT.replace("%(name)s:", f"%(name)s {worker_tag(index)}:")
 
 
 def version() -> str:
@@ -78,6 +135,16 @@ def settings_help() -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firsttoken", description="The firsttoken LLM gateway.")
     parser.add_argument("--version", action="version", version=f"firsttoken {version()}")
@@ -97,6 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a TOML file of settings (YAML too, with PyYAML installed); variables override it",
     )
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="gateway processes serving the port, one core each (see README, 'Several cores')",
+    )
+    # Set by the supervisor of `--workers N` for each worker it starts (gateway.workers).
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-parent", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     sub.add_parser(
         "engine",
         help="run the bundled engine's own OpenAI-compatible server "
