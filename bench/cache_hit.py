@@ -23,7 +23,16 @@ that never breaks its prefix, through the safe set, so that Anthropic gets break
 Not simulated: cache expiry (sessions here last minutes) and OpenAI's overflow past ~15 requests
 a minute per prefix.
 Targets: opt-ins reach >= 90% of the ideal cached share; the safe set loses nothing against no
-policies. Tokens are counted per block with cl100k_base (a simulation, not a provider bill).
+policies.
+
+Cache advisor check: the same sloppy workload is replayed through the gateway's advisor path at
+chain level (the safe chain's ``transform`` and ``measure`` as ``report_headers`` runs them, then
+its hook ``observe_cache_advice`` on an in-process ``Telemetry``, each shadow evaluation awaited
+and the writer drained, and the advice read back as ``/v1/metrics/cache-advice`` builds it; no
+HTTP, no sampling). Its predicted "all opt-ins" cached share must be within 5 points of the
+share the simulator measures on the "opt-ins" row.
+
+Tokens are counted per block with cl100k_base (a simulation, not a provider bill).
 
     .venv/bin/python bench/cache_hit.py
 """
@@ -73,6 +82,7 @@ OPT_INS = {
     "CANONICALIZE_SORT_PASSAGES": "true",
 }
 TARGET_SHARE_OF_IDEAL = 0.90
+ADVISOR_TOLERANCE_POINTS = 5.0
 TIME_LIMIT_S = 300.0
 # (API, simulated cache): chat goes to both providers, each native API to its own.
 APIS = (
@@ -507,6 +517,74 @@ def replay(
     return totals
 
 
+def advisor_replay(api: str, provider: str, deadline: float) -> dict:
+    """The sloppy workload through the safe chain and the advisor; its advice for all tenants."""
+    import asyncio
+
+    from gateway.advisor import advisor_for, bucket_of, observe_cache_advice, tenant_advice
+    from gateway.settings import load_settings
+    from gateway.telemetry.store import MemoryStore
+    from gateway.telemetry.telemetry import Telemetry
+
+    async def run() -> dict:
+        settings = load_settings(environ={})
+        telemetry = Telemetry(MemoryStore(settings.metrics_retention), settings)
+        advisor = advisor_for(telemetry)
+        advisor.max_per_s = advisor.burst = 1e9  # evaluate every request (no sampling)
+        chain = build_chain(DEFAULT_POLICIES, {})
+        sessions = build_sessions(seed=1)
+        rng = random.Random(2)
+        model = PRICES[provider]["model"]
+        clock = 1_780_000_000.0
+        tenants: set[str] = set()
+        for turn in range(USER_TURNS):
+            for step in (0, 1):
+                for session in sessions:
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError("cache_hit bench ran past its time limit")
+                    advance(session, turn, step)
+                    clock += rng.uniform(1.0, 9.0)
+                    body = CONVERT[api](client_request(session, clock, breaker=True, rng=rng))
+                    ctx = PolicyContext(api, provider, model, session.tenant)
+                    result = chain.transform(body, ctx).measure(fingerprints=True)
+                    observe_cache_advice(telemetry, session.tenant, result)
+                    while advisor._tasks:  # each evaluation before the next request
+                        await asyncio.gather(*advisor._tasks)
+                    await telemetry.writer.drain()
+                    tenants.add(session.tenant)
+        now = bucket_of(time.time())
+        families: dict[str, dict[str, int]] = {}  # every tenant's, and the totals ("")
+        for tenant in sorted(tenants):
+            for family, fields in (await telemetry.read_advice(tenant, now - 1, now)).items():
+                summed = families.setdefault(f"{tenant}/{family}" if family else "", {})
+                for name, amount in fields.items():
+                    summed[name] = summed.get(name, 0) + amount
+        return tenant_advice("*", families, 3600)["summary"]
+
+    return asyncio.run(run())
+
+
+def advisor_rows(results_by_api: dict, deadline: float) -> list[dict]:
+    rows = []
+    for api, provider in APIS:
+        summary = advisor_replay(api, provider, deadline)
+        measured = results_by_api[(api, provider)]
+        predicted = summary["variants"]["all_opt_ins"]["cached_share"] or 0.0
+        rows.append(
+            {
+                "api": api,
+                "provider": provider,
+                "advisor_observed": summary["observed_cached_share"] or 0.0,
+                "measured_safe": measured["safe"]["cached_share"],
+                "advisor_all_opt_ins": predicted,
+                "measured_opt_ins": measured["opt-ins"]["cached_share"],
+                "advice": summary["advice"],
+                "break_kinds": summary["break_kinds"],
+            }
+        )
+    return rows
+
+
 def main() -> int:
     deadline = time.perf_counter() + TIME_LIMIT_S
     scenarios = [
@@ -516,11 +594,13 @@ def main() -> int:
         ("ideal", DEFAULT_POLICIES, {}, False),
     ]
     rows = []
+    results_by_api = {}
     for api, provider in APIS:
         results = {
             name: replay(api, provider, names, options, breaker, deadline)
             for name, names, options, breaker in scenarios
         }
+        results_by_api[(api, provider)] = results
         ideal = results["ideal"]["cached_share"]
         for name, totals in results.items():
             rows.append(
@@ -577,6 +657,30 @@ def main() -> int:
             f" vs none {by['none']['cost']:.3f}"
             f" ({'higher' if by['safe']['cost'] > by['none']['cost'] else 'not higher'})"
         )
+    advice = advisor_rows(results_by_api, deadline)
+    print(
+        "cache advisor (safe chain, shadow variants) vs simulator; shares of prompt tokens cached"
+    )
+    print(
+        f"{'api':<10} {'provider':<10} {'advisor obs':>11} {'sim safe':>9} "
+        f"{'advisor all':>11} {'sim opt-ins':>11} {'diff pts':>9}  advice"
+    )
+    for row in advice:
+        diff = 100 * (row["advisor_all_opt_ins"] - row["measured_opt_ins"])
+        row["diff_points"] = diff
+        print(
+            f"{row['api']:<10} {row['provider']:<10} {100 * row['advisor_observed']:>10.1f}% "
+            f"{100 * row['measured_safe']:>8.1f}% {100 * row['advisor_all_opt_ins']:>10.1f}% "
+            f"{100 * row['measured_opt_ins']:>10.1f}% {diff:>+9.1f}  {row['advice']}"
+        )
+        checks.append(
+            (
+                f"{row['api']}/{row['provider']}: advisor's all-opt-ins share "
+                f"{row['advisor_all_opt_ins']:.1%} within {ADVISOR_TOLERANCE_POINTS:.0f} points "
+                f"of the simulated opt-ins share {row['measured_opt_ins']:.1%}",
+                abs(diff) <= ADVISOR_TOLERANCE_POINTS,
+            )
+        )
     for text, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
     for text in warnings:
@@ -588,6 +692,7 @@ def main() -> int:
             {
                 "rows": rows,
                 "checks": [{"check": t, "pass": ok} for t, ok in checks],
+                "advisor": advice,
                 "info": warnings,
                 "pass": passed,
                 "prices_usd_per_mtok": PRICES,

@@ -14,6 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.advice_api import advice_endpoints
+from gateway.dashboard_api import dashboard_endpoints
 from gateway.errors import GatewayError
 from gateway.messages_api import COUNT_TOKENS, MESSAGES, anthropic_error, messages_door
 from gateway.metrics_api import metrics_endpoints
@@ -77,6 +79,8 @@ def create_app(settings: Settings | None = None) -> HotPath:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *metrics_endpoints(gateway),
+        *advice_endpoints(gateway),
+        *dashboard_endpoints(gateway),
         Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     app = Starlette(

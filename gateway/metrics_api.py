@@ -5,6 +5,8 @@ Admin keys (`FIRSTTOKEN_ADMIN_KEYS`) may read any tenant, or all with `?tenant=*
 `?api=chat|completions|responses|messages` keeps only the requests of one client API.
 Admins (and an open gateway) also get each replicated route's replicas: state, load, requests,
 affinity hits, ejections, mean upstream TTFT, and hedges sent, won and lost.
+`/v1/metrics/ttft/series` gives the same figures per step of the window, under the same rules
+(`gateway/telemetry/series.py`), with `?step=` and `?route=` besides.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.telemetry.event import APIS
+from gateway.telemetry.series import MAX_STEP_S, MIN_STEP_S, MIN_WINDOW_S, series_problem
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
@@ -29,18 +32,23 @@ log = logging.getLogger("firsttoken.metrics")
 
 MAX_WINDOW_S = 31 * 86400
 MAX_TENANT_CHARS = 256
+MAX_ROUTE_CHARS = 256
 
 
-def _window(request: Request) -> int:
-    raw = request.query_params.get("window", "3600")
+def _seconds(request: Request, name: str, default: str, low: int, high: int) -> int:
+    raw = request.query_params.get(name, default)
     # str.isdigit() accepts '²' and other digits int() refuses: ASCII digits only, few of them.
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 8 or not 0 < int(raw) <= MAX_WINDOW_S:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 8 or not low <= int(raw) <= high:
         raise GatewayError(
             400,
-            f"'window' must be an integer number of seconds in 1..{MAX_WINDOW_S}.",
-            param="window",
+            f"'{name}' must be an integer number of seconds in {low}..{high}.",
+            param=name,
         )
     return int(raw)
+
+
+def _window(request: Request, low: int = 1) -> int:
+    return _seconds(request, "window", "3600", low, MAX_WINDOW_S)
 
 
 def _asked_tenant(request: Request) -> str | None:
@@ -62,29 +70,62 @@ def _api(request: Request) -> str | None:
     return asked
 
 
+def _route(request: Request) -> str | None:
+    asked = request.query_params.get("route")
+    if asked is not None and not (0 < len(asked) <= MAX_ROUTE_CHARS and asked.isprintable()):
+        raise GatewayError(
+            400,
+            f"'route' must be a route name of 1..{MAX_ROUTE_CHARS} printable characters.",
+            param="route",
+        )
+    return asked
+
+
+def _series_window(request: Request) -> tuple[int, int]:
+    window = _window(request, low=MIN_WINDOW_S)
+    step = _seconds(request, "step", "60", MIN_STEP_S, MAX_STEP_S)
+    problem = series_problem(window, step)
+    if problem is not None:
+        raise GatewayError(400, problem[1], param=problem[0])
+    return window, step
+
+
 def _exposition(gateway: Gateway, gzipped: bool) -> tuple[bytes, str]:
     body, content_type = gateway.telemetry.prometheus_exposition()
     return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
 
 
+def _store_unavailable(exc: Exception) -> Response:
+    log.warning("metrics store unavailable: %s", type(exc).__name__)
+    return GatewayError(
+        503,
+        "The metrics store is unavailable; try again shortly.",
+        code="metrics_store_unavailable",
+    ).to_response()
+
+
 def metrics_endpoints(gateway: Gateway) -> list[Route]:
+    def reader(request: Request, asked: str | None) -> tuple[str, bool]:
+        """(the tenant to read, whether the caller is an admin): a tenant only itself (403 for
+        another), an admin any tenant or `*`."""
+        if gateway.keys.is_admin(request):
+            return asked or "default", True
+        tenant = gateway.keys.tenant_for(request)
+        if asked is not None and asked != tenant:
+            raise GatewayError(
+                403,
+                "A tenant may read only its own metrics.",
+                param="tenant",
+                code="forbidden_tenant",
+            )
+        return tenant, False
+
     async def ttft(request: Request) -> Response:
         try:
             window = _window(request)
             asked = _asked_tenant(request)
             api = _api(request)
-            admin = gateway.keys.is_admin(request)
-            if admin:
-                tenant = asked or "default"
-            else:
-                tenant = gateway.keys.tenant_for(request)
-                if asked is not None and asked != tenant:
-                    raise GatewayError(
-                        403,
-                        "A tenant may read only its own metrics.",
-                        param="tenant",
-                        code="forbidden_tenant",
-                    )
+            tenant, admin = reader(request, asked)
             report = await gateway.telemetry.report(tenant, window, api)
             if gateway.fleets and (admin or gateway.keys.open):
                 # Fleet-wide (every tenant's requests): for operators only.
@@ -92,13 +133,22 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
         except GatewayError as exc:
             return exc.to_response()
         except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
-            log.warning("metrics store unavailable: %s", type(exc).__name__)
-            return GatewayError(
-                503,
-                "The metrics store is unavailable; try again shortly.",
-                code="metrics_store_unavailable",
-            ).to_response()
+            return _store_unavailable(exc)
         return Response(orjson.dumps(report), media_type="application/json")
+
+    async def ttft_series(request: Request) -> Response:
+        try:
+            window, step = _series_window(request)
+            asked = _asked_tenant(request)
+            api = _api(request)
+            route = _route(request)
+            tenant, _ = reader(request, asked)
+            series = await gateway.telemetry.series(tenant, window, step, route, api)
+        except GatewayError as exc:
+            return exc.to_response()
+        except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
+            return _store_unavailable(exc)
+        return Response(orjson.dumps(series), media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if not gateway.keys.open and not gateway.keys.is_admin(request):
@@ -120,5 +170,6 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
 
     return [
         Route("/v1/metrics/ttft", ttft, methods=["GET"]),
+        Route("/v1/metrics/ttft/series", ttft_series, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]

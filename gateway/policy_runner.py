@@ -8,6 +8,7 @@ import functools
 import logging
 from collections.abc import Sequence
 
+from gateway.advisor import observe_cache_advice
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.routes import Route
@@ -130,6 +131,8 @@ async def report_headers(
         headers.update(
             await _prefix_break(telemetry, tenant, result.cache_key, result.fingerprints, offload)
         )
+    # Shadow cache advice: a task of its own that nothing awaits; it never raises.
+    observe_cache_advice(telemetry, tenant, result)
     return headers
 
 

@@ -79,7 +79,9 @@ class Proxy:
                 timing.route, timing.fallback = route.name, position > 0
                 timing.upstream_sent = time.perf_counter()
                 try:
-                    return await call(upstream, body, ctx, route), route
+                    result = await call(upstream, body, ctx, route)
+                    timing.hedged = ctx.hedged
+                    return result, route
                 except UpstreamError as exc:
                     last = exc
                     if not exc.retryable:

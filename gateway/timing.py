@@ -21,6 +21,7 @@ class RequestTiming:
     api: str = "chat"  # the client API served, one of gateway.telemetry.event.APIS
     status: str = "ok"
     fallback: bool = False
+    hedged: bool = False  # set by the replica fleet when a second replica was asked
     upstream_sent: float | None = None
     upstream_first_content: float | None = None
     first_content_out: float | None = None
@@ -70,6 +71,7 @@ class RequestTiming:
             cached_prompt_tokens=token_count(details.get("cached_tokens")),
             prompt_tokens_saved=self.prompt_tokens_saved,
             fallback=self.fallback,
+            hedged=self.hedged,
             api=self.api,
             ts=self.wall_arrival,
         )

@@ -206,6 +206,7 @@ class ReplicatedUpstream:
             if second is None:
                 return await primary
             self.hedges["sent"] += 1
+            ctx.hedged = True
             secondary = asyncio.ensure_future(self._open_first(second, blocks, body, ctx))
             return await self._race(primary, secondary)
         except BaseException:

@@ -5,7 +5,8 @@ client API and wall-clock minute: counts, sums and histogram bucket counts. Ever
 sum, so a batch of events can be pre-aggregated in memory before it is written,
 and buckets from several processes or minutes merge by adding field by field.
 
-Field names: `n` requests, `stream` streamed ones, `fb` fallbacks, `err` errors,
+Field names: `n` requests, `stream` streamed ones, `fb` fallbacks, `err` errors, `hedged`
+hedged requests (a second replica asked for the first token),
 `s:<status>` per status; histograms `t:<i>` TTFT, `u:<i>` upstream TTFT,
 `g:<i>` gateway share (TTFT minus upstream TTFT), `c:<i>` time to the complete
 response of non-stream requests; sums `t_sum`, `u_sum`, `g_sum`, `c_sum`,
@@ -79,6 +80,8 @@ def event_increments(event: RequestEvent) -> list[tuple[str, float]]:
         out.append(("stream", 1))
     if event.fallback:
         out.append(("fb", 1))
+    if event.hedged:
+        out.append(("hedged", 1))
     if event.stream and event.ttft_s is not None:
         out += _sample("t", event.ttft_s)
         if event.upstream_ttft_s is not None:
@@ -147,7 +150,19 @@ def parse_field_value(name: str, raw: bytes | str) -> float:
 
 _HISTOGRAM_FIELD = re.compile(r"[tugc]:(.*)", re.S)
 _KNOWN_FIELDS = frozenset(
-    {"n", "stream", "fb", "err", "itl_n", "prompt", "cached", "saved", "out", *FLOAT_FIELDS}
+    {
+        "n",
+        "stream",
+        "fb",
+        "err",
+        "hedged",
+        "itl_n",
+        "prompt",
+        "cached",
+        "saved",
+        "out",
+        *FLOAT_FIELDS,
+    }
 )
 
 

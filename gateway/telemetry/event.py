@@ -37,4 +37,5 @@ class RequestEvent:
     prompt_tokens_saved: int = 0
     fallback: bool = False
     api: str = "chat"  # one of APIS
+    hedged: bool = False  # a second replica was asked for the first token
     ts: float = field(default_factory=time.time)  # wall-clock arrival, picks the minute bucket

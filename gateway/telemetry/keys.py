@@ -69,3 +69,11 @@ class KeySpace:
     def fingerprints(self, tenant: str, family: str) -> str:
         """String: the last prompt-prefix fingerprints of a tenant and model family."""
         return f"{self.prefix}:fp:{self._tag(tenant)}:{escape_name(family)}"
+
+    def advice(self, tenant: str, family: str, bucket: int) -> str:
+        """Hash of the cache advisor's counters for one tenant, prefix family and time bucket."""
+        return f"{self.prefix}:adv:{self._tag(tenant)}:{escape_name(family)}:{bucket}"
+
+    def advice_families(self, tenant: str) -> str:
+        """Sorted set: a tenant's advised prefix families, scored by their newest bucket."""
+        return f"{self.prefix}:advf:{self._tag(tenant)}"

@@ -30,6 +30,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -40,7 +41,17 @@ from redis.backoff import NoBackoff
 from .aggregate import Aggregate, Fields, merge_fields, parse_stored_fields
 from .event import APIS
 from .keys import KeySpace, escape_name
-from .store import BatchId, Blobs, RouteApi, per_route
+from .store import (
+    ADVICE_BUCKET_S,
+    ADVICE_FAMILIES_PER_TENANT,
+    ADVICE_RETENTION_S,
+    Advice,
+    BatchId,
+    Blobs,
+    RouteApi,
+    StepKey,
+    per_route,
+)
 
 log = logging.getLogger("firsttoken.telemetry")
 
@@ -129,6 +140,25 @@ local t = redis.call('TYPE', KEYS[1]).ok
 if t ~= 'none' and t ~= 'hash' then return t end
 for j = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+return ''
+"""
+
+
+# The cache advisor's counters for one tenant, family and bucket, and the tenant's family index
+# (same hash tag, so one slot). KEYS: the bucket hash, the families sorted set. ARGV: expire-at,
+# family name, bucket (its score), families kept, index TTL, then field/amount pairs. The index
+# keeps the newest ADVICE_FAMILIES_PER_TENANT families; a dropped family's buckets expire.
+# Returns '' or the type found where a hash or sorted set belongs (that key is left alone).
+_ADD_ADVICE = """
+local t = redis.call('TYPE', KEYS[1]).ok
+if t ~= 'none' and t ~= 'hash' then return t end
+local z = redis.call('TYPE', KEYS[2]).ok
+if z ~= 'none' and z ~= 'zset' then return z end
+for j = 6, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[j], ARGV[j + 1]) end
+redis.call('EXPIREAT', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -1 - tonumber(ARGV[4]))
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 return ''
 """
 
@@ -330,6 +360,26 @@ class RedisStore:
     async def read_split(
         self, tenant: str, first_minute: int, last_minute: int
     ) -> dict[RouteApi, Fields]:
+        merged: dict[RouteApi, Fields] = {}
+        async for route, api, _, fields in self._buckets(tenant, first_minute, last_minute):
+            merge_fields(merged.setdefault((route, api), {}), fields)
+        return merged
+
+    async def read_steps(
+        self, tenant: str, first_minute: int, last_minute: int, step_minutes: int
+    ) -> dict[StepKey, Fields]:
+        merged: dict[StepKey, Fields] = {}
+        async for route, api, minute, fields in self._buckets(tenant, first_minute, last_minute):
+            step = minute - minute % step_minutes
+            merge_fields(merged.setdefault((route, api, step), {}), fields)
+        return merged
+
+    async def _buckets(
+        self, tenant: str, first_minute: int, last_minute: int
+    ) -> AsyncIterator[tuple[str, str, int, Fields]]:
+        """Every readable bucket of a tenant in `[first, last]`: one round trip for its route and
+        API names, then pipelined HGETALLs, `_READ_CHUNK` per round trip (one for an hour of up
+        to 33 route and API pairs), so neither side holds an unbounded pipeline."""
         routes_key, apis_key = self.keys.routes(tenant), self.keys.apis(tenant)
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(routes_key)
@@ -337,7 +387,7 @@ class RedisStore:
         raw_routes, raw_apis = await pipe.execute(raise_on_error=False)
         route_names = self._names(routes_key, raw_routes)
         if not route_names:
-            return {}
+            return
         # Names read from a shared store: only the four known APIs, so a stray field can
         # neither add reads nor put an unchecked name into a key.
         used = {_text(a) for a in self._names(apis_key, raw_apis)} & set(APIS)
@@ -345,7 +395,6 @@ class RedisStore:
         routes = sorted(v.decode("utf-8", "surrogateescape") for v in route_names)
         minutes = range(first_minute, last_minute + 1)
         targets = [(r, a, m) for r in routes for a in apis for m in minutes]
-        merged: dict[RouteApi, Fields] = {}
         for start in range(0, len(targets), _READ_CHUNK):
             chunk = targets[start : start + _READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
@@ -355,8 +404,7 @@ class RedisStore:
             for (route, api, minute), reply in zip(chunk, replies, strict=False):
                 fields = self._bucket_fields(self.keys.bucket(tenant, route, minute, api), reply)
                 if fields:
-                    merge_fields(merged.setdefault((route, api), {}), fields)
-        return merged
+                    yield route, api, minute, fields
 
     def _names(self, key: str, reply: Any) -> list[Any]:
         """The values of a names hash; none, logged, for a key that is not a hash."""
@@ -403,6 +451,83 @@ class RedisStore:
                 reply_code(exc),
             )
             return None
+
+    async def write_advice(self, advice: Advice) -> None:
+        """Add the cache advisor's counter deltas: one script per (tenant, family, bucket), in
+        one pipeline. Raises on transient failures (the writer keeps the deltas and retries:
+        these counters are advisory, so a retry after a lost reply may count twice)."""
+        if not advice:
+            return
+        retention = min(self.retention_s, ADVICE_RETENTION_S)
+        pipe = self.client.pipeline(transaction=False)
+        named: list[str] = []
+        for (tenant, family, bucket), fields in advice.items():
+            key = self.keys.advice(tenant, family, bucket)
+            args: list[Any] = [
+                (bucket + 1) * ADVICE_BUCKET_S + retention,
+                family,
+                bucket,
+                ADVICE_FAMILIES_PER_TENANT,
+                retention + ADVICE_BUCKET_S,
+            ]
+            for pair in fields.items():
+                args.extend(pair)
+            pipe.eval(_ADD_ADVICE, 2, key, self.keys.advice_families(tenant), *args)
+            named.append(key)
+        replies = await pipe.execute(raise_on_error=False)
+        retry: BaseException | None = None
+        for key, reply in zip(named, replies, strict=False):
+            if isinstance(reply, BaseException):
+                if is_transient(reply):
+                    retry = retry or reply
+                else:
+                    self._problem(key, "telemetry: writing advice %s failed: %s", _text(reply))
+            elif reply:
+                self._wrong_type(key, reply, "written")
+        if retry is not None:
+            raise retry
+
+    async def read_advice(
+        self, tenant: str, first_bucket: int, last_bucket: int
+    ) -> dict[str, dict[str, int]]:
+        """Per prefix family (the newest `ADVICE_FAMILIES_PER_TENANT`), a tenant's advisor
+        counters summed over buckets in the range, from every gateway process."""
+        index = self.keys.advice_families(tenant)
+        try:
+            raw = await self.client.zrevrange(index, 0, ADVICE_FAMILIES_PER_TENANT - 1)
+        except redis.exceptions.ResponseError as exc:
+            if is_transient(exc):
+                raise
+            self._wrong_type(index, reply_code(exc), "read")
+            return {}
+        families = [_text(name) for name in raw]
+        targets = [
+            (family, bucket)
+            for family in families
+            for bucket in range(first_bucket, last_bucket + 1)
+        ]
+        out: dict[str, dict[str, int]] = {}
+        for start in range(0, len(targets), _READ_CHUNK):
+            chunk = targets[start : start + _READ_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for family, bucket in chunk:
+                pipe.hgetall(self.keys.advice(tenant, family, bucket))
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            for (family, bucket), reply in zip(chunk, replies, strict=False):
+                if isinstance(reply, BaseException):
+                    if is_transient(reply):
+                        raise reply
+                    self._wrong_type(self.keys.advice(tenant, family, bucket), reply, "read")
+                    continue
+                for name, amount in reply.items():
+                    try:
+                        value = int(amount)
+                    except ValueError:
+                        continue
+                    summed = out.setdefault(family, {})
+                    field = _text(name)
+                    summed[field] = summed.get(field, 0) + value
+        return out
 
     async def ping(self) -> None:
         await self.client.ping()

@@ -58,9 +58,10 @@ def _ms(value_s: float | None) -> float | None:
     return None if value_s is None else round(value_s * 1000.0, 3)
 
 
-def _series_ms(
+def series_ms(
     fields: Fields, series: str, quantiles: Mapping[str, float], mean: bool
 ) -> dict[str, Any]:
+    """Named quantiles (and the mean) of one histogram series (`t`, `u`, `g`, `c`), in ms."""
     counts = histogram_counts(fields, series)
     values = percentiles(counts, quantiles.values())
     figures: dict[str, Any] = {name: _ms(v) for name, v in zip(quantiles, values, strict=False)}
@@ -70,7 +71,7 @@ def _series_ms(
     return figures
 
 
-_FULL = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+FULL_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 _SHORT = {"p50": 0.5, "p99": 0.99}
 
 
@@ -104,10 +105,10 @@ def figures(fields: Fields, slo: SloConfig, tenant: str) -> dict[str, Any]:
     return {
         "count": count,
         "stream_count": int(fields.get("stream", 0)),
-        "ttft_ms": _series_ms(fields, "t", _FULL, mean=True),
-        "upstream_ttft_ms": _series_ms(fields, "u", _FULL, mean=True),
-        "gateway_ms": _series_ms(fields, "g", _SHORT, mean=False),
-        "complete_ms": _series_ms(fields, "c", _FULL, mean=True),
+        "ttft_ms": series_ms(fields, "t", FULL_QUANTILES, mean=True),
+        "upstream_ttft_ms": series_ms(fields, "u", FULL_QUANTILES, mean=True),
+        "gateway_ms": series_ms(fields, "g", _SHORT, mean=False),
+        "complete_ms": series_ms(fields, "c", FULL_QUANTILES, mean=True),
         "prompt_tokens": prompt,
         "cached_prompt_tokens": cached,
         "cache_hit_ratio": round(cached / prompt, 6) if prompt else None,

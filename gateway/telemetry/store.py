@@ -7,6 +7,12 @@ why the in-process store and Redis give the same report for the same events.
 Blobs (prefix fingerprints, one per tenant and model family) are diagnostics that a tenant
 controls the size and number of, so the in-process store bounds them by bytes, per tenant and
 in all, evicting the oldest: `MEMORY_BLOBS_TENANT_MAX_BYTES`, `MEMORY_BLOBS_MAX_BYTES`.
+
+The cache advisor's counters (`gateway.advisor`) are kept per tenant, prefix family and
+`ADVICE_BUCKET_S` bucket, for at most `ADVICE_RETENTION_S`: a tenant's families are capped at
+`ADVICE_FAMILIES_PER_TENANT` (least recently written go first), all tenants' at
+`ADVICE_FAMILIES_MAX`, and field names at `ADVICE_FIELDS_MAX`, so their memory is bounded
+whatever the traffic.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Protocol
@@ -21,8 +28,17 @@ from typing import Protocol
 from .aggregate import Aggregate, Fields, merge_fields
 
 RouteApi = tuple[str, str]  # (route, api)
+StepKey = tuple[str, str, int]  # (route, api, first minute of the step)
 Blobs = Mapping[tuple[str, str], tuple[bytes, int]]  # (tenant, family) -> (blob, ttl seconds)
 BatchId = tuple[str, int]  # (writer id, batch number): a retried batch keeps its id
+# (tenant, family, bucket) -> counter deltas: what the cache advisor adds per write.
+Advice = Mapping[tuple[str, str, int], Mapping[str, int]]
+
+ADVICE_BUCKET_S = 600  # the advisor's counters are summed per family and 10 minutes
+ADVICE_RETENTION_S = 86400  # ... and kept a day (or the metrics retention, if shorter)
+ADVICE_FAMILIES_PER_TENANT = 32  # families one tenant's advice keeps (least recent go)
+ADVICE_FAMILIES_MAX = 1024  # families kept in process, all tenants together
+ADVICE_FIELDS_MAX = 256  # distinct counter names kept in process
 
 MEMORY_BLOBS_MAX_BYTES = 64 * 2**20  # fingerprint blobs kept in process, all tenants
 MEMORY_BLOBS_TENANT_MAX_BYTES = 8 * 2**20  # ... and one tenant's share of that
@@ -48,6 +64,13 @@ class Store(Protocol):
     ) -> dict[RouteApi, Fields]:
         """Per (route, api), the counters of a tenant summed over minutes in `[first, last]`:
         what a report needs to show routes, APIs, or the routes of one API."""
+
+    async def read_steps(
+        self, tenant: str, first_minute: int, last_minute: int, step_minutes: int
+    ) -> dict[StepKey, Fields]:
+        """Per (route, api, step), the counters of a tenant summed over the minutes in
+        `[first, last]` of each step; steps are aligned to `step_minutes` since the epoch and
+        keyed by their first minute. A time series reads the whole window in this one call."""
 
     async def tenants(self) -> list[str]: ...
 
@@ -131,6 +154,85 @@ class _BlobShelf:
                 self.remove(tenant, family)
 
 
+class _AdviceShelf:
+    """The advisor's counters in process: per (tenant, family), buckets of int64 arrays indexed
+    by a shared field table, so a bucket costs a few hundred bytes whatever its field names."""
+
+    def __init__(self, retention_s: int) -> None:
+        self.retention_s = min(retention_s, ADVICE_RETENTION_S)
+        self._fields: dict[str, int] = {}
+        self._families: OrderedDict[tuple[str, str], dict[int, array]] = OrderedDict()
+        self._per_tenant: dict[str, int] = {}
+
+    def add(self, advice: Advice, now: float) -> None:
+        oldest = int((now - self.retention_s) // ADVICE_BUCKET_S)
+        for (tenant, family, bucket), fields in advice.items():
+            if bucket < oldest:
+                continue
+            key = (tenant, family)
+            buckets = self._families.get(key)
+            if buckets is None:
+                buckets = self._new_family(key)
+            else:
+                self._families.move_to_end(key)
+            values = buckets.get(bucket)
+            if values is None:
+                values = buckets[bucket] = array("q")
+                for stale in [b for b in buckets if b < oldest]:
+                    del buckets[stale]
+            for name, amount in fields.items():
+                index = self._index(name)
+                if index is None:
+                    continue
+                if index >= len(values):
+                    values.extend([0] * (index + 1 - len(values)))
+                values[index] += int(amount)
+
+    def _index(self, name: str) -> int | None:
+        index = self._fields.get(name)
+        if index is None and len(self._fields) < ADVICE_FIELDS_MAX:
+            index = self._fields[name] = len(self._fields)
+        return index
+
+    def _new_family(self, key: tuple[str, str]) -> dict[int, array]:
+        tenant = key[0]
+        if self._per_tenant.get(tenant, 0) >= ADVICE_FAMILIES_PER_TENANT:
+            self._drop(next(k for k in self._families if k[0] == tenant))
+        while len(self._families) >= ADVICE_FAMILIES_MAX:
+            self._drop(next(iter(self._families)))
+        self._per_tenant[tenant] = self._per_tenant.get(tenant, 0) + 1
+        buckets: dict[int, array] = {}
+        self._families[key] = buckets
+        return buckets
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        del self._families[key]
+        left = self._per_tenant[key[0]] - 1
+        if left:
+            self._per_tenant[key[0]] = left
+        else:
+            del self._per_tenant[key[0]]
+
+    def read(self, tenant: str, first: int, last: int) -> dict[str, dict[str, int]]:
+        names = list(self._fields)
+        out: dict[str, dict[str, int]] = {}
+        for (owner, family), buckets in self._families.items():
+            if owner != tenant:
+                continue
+            summed: dict[str, int] = {}
+            for bucket, values in buckets.items():
+                if first <= bucket <= last:
+                    for index, amount in enumerate(values):
+                        if amount:
+                            summed[names[index]] = summed.get(names[index], 0) + amount
+            if summed:
+                out[family] = summed
+        return out
+
+    def families(self, tenant: str | None = None) -> int:
+        return len(self._families) if tenant is None else self._per_tenant.get(tenant, 0)
+
+
 class MemoryStore:
     """The embedded default: one process's counters in dictionaries, pruned after retention."""
 
@@ -141,6 +243,7 @@ class MemoryStore:
         # tenant -> (route, api, minute) -> fields
         self._buckets: dict[str, dict[tuple[str, str, int], Fields]] = {}
         self._blobs = _BlobShelf(MEMORY_BLOBS_MAX_BYTES, MEMORY_BLOBS_TENANT_MAX_BYTES)
+        self.advice = _AdviceShelf(retention_s)
         self._last_prune = time.time()
 
     async def write(self, aggregate: Aggregate, blobs: Blobs, batch: BatchId | None = None) -> None:
@@ -176,6 +279,16 @@ class MemoryStore:
                 merge_fields(merged.setdefault((route, api), {}), fields)
         return merged
 
+    async def read_steps(
+        self, tenant: str, first_minute: int, last_minute: int, step_minutes: int
+    ) -> dict[StepKey, Fields]:
+        merged: dict[StepKey, Fields] = {}
+        for (route, api, minute), fields in self._buckets.get(tenant, {}).items():
+            if first_minute <= minute <= last_minute:
+                step = minute - minute % step_minutes
+                merge_fields(merged.setdefault((route, api, step), {}), fields)
+        return merged
+
     async def tenants(self) -> list[str]:
         return sorted(self._buckets)
 
@@ -184,6 +297,16 @@ class MemoryStore:
         if entry is None or entry[1] <= time.time():
             return None
         return entry[0]
+
+    async def write_advice(self, advice: Advice) -> None:
+        """Add the cache advisor's counter deltas (bounded, see `_AdviceShelf`)."""
+        self.advice.add(advice, time.time())
+
+    async def read_advice(
+        self, tenant: str, first_bucket: int, last_bucket: int
+    ) -> dict[str, dict[str, int]]:
+        """Per prefix family, a tenant's advisor counters summed over buckets in the range."""
+        return self.advice.read(tenant, first_bucket, last_bucket)
 
     @property
     def blob_bytes(self) -> int:

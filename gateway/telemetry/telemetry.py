@@ -17,6 +17,7 @@ from .event import RequestEvent
 from .keys import KeySpace
 from .prometheus import PrometheusMetrics
 from .report import SloConfig, tenant_report
+from .series import tenant_series
 from .store import MemoryStore, Store
 from .writer import BatchWriter
 
@@ -165,6 +166,21 @@ class Telemetry:
             }
         return await tenant_report(self.store, tenant, window_s, self.slo, now, api)
 
+    async def series(
+        self,
+        tenant: str,
+        window_s: int = 3600,
+        step_s: int = 60,
+        route: str | None = None,
+        api: str | None = None,
+    ) -> dict:
+        """Figures per step of the last `window_s` seconds for one tenant, or summed over all
+        with tenant `*`; see `series.py`. ValueError for a window, step or `api` out of bounds."""
+        tenants = await self.known_tenants() if tenant == "*" else None
+        return await tenant_series(
+            self.store, tenant, window_s, step_s, self.slo, time.time(), route, api, tenants
+        )
+
     async def known_tenants(self) -> list[str]:
         return await self.store.tenants()
 
@@ -192,3 +208,23 @@ class Telemetry:
             self.writer.put_blob(tenant, family, bytes(blob), ttl_s)
         except Exception:  # noqa: BLE001  # recording must never fail a request
             self._note_record_failure()
+
+    def put_advice(self, tenant: str, family: str, bucket: int, fields: dict[str, int]) -> None:
+        """Queue the cache advisor's counter deltas for the store; never raises."""
+        if not self.enabled:
+            return
+        try:
+            self.writer.put_advice(tenant, family, bucket, fields)
+        except Exception:  # noqa: BLE001  # recording must never fail a request
+            self._note_record_failure()
+
+    async def read_advice(
+        self, tenant: str, first_bucket: int, last_bucket: int
+    ) -> dict[str, dict[str, int]]:
+        """Per prefix family, the advisor's counters of one tenant summed over the buckets
+        (empty for a store that keeps none)."""
+        read = getattr(self.store, "read_advice", None)
+        if read is None:
+            return {}
+        result: dict[str, dict[str, int]] = await read(tenant, first_bucket, last_bucket)
+        return result

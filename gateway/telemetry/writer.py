@@ -18,6 +18,10 @@ Fingerprint blobs waiting for the store are bounded by count and by bytes, in al
 per tenant (`BLOBS_MAX`, `BLOBS_MAX_BYTES`, `BLOBS_TENANT_MAX_BYTES`): a tenant
 controls their size (a 30k-message prompt makes a ~1 MB blob) and their family names.
 
+The cache advisor's counter deltas wait in `put_advice` (merged per tenant, family and bucket,
+at most `ADVICE_PENDING_MAX` of them) and go to the store after each batch; they are advisory,
+so a retried write may count them twice.
+
 While idle the writer pings the store every `HEALTH_PROBE_S` (every backoff step while
 failing), so `failures` tells the truth about the store even when nothing is written.
 """
@@ -43,6 +47,7 @@ log = logging.getLogger("firsttoken.telemetry")
 BLOBS_MAX = 1024  # distinct (tenant, family) fingerprint blobs waiting to be written
 BLOBS_MAX_BYTES = 32 * 2**20  # their bytes (`store.blob_bytes`), all tenants together
 BLOBS_TENANT_MAX_BYTES = 4 * 2**20  # ... and one tenant's share of that
+ADVICE_PENDING_MAX = 4096  # (tenant, family, bucket) advisor counters waiting to be written
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
 HEALTH_PROBE_S = 5.0  # an idle writer pings the store this often
@@ -84,6 +89,8 @@ class BatchWriter:
         self._blob_bytes = 0
         self._tenant_blob_bytes: dict[str, int] = {}
         self.blobs_dropped = 0  # blobs refused because the pending ones hit a bound
+        self._advice: dict[tuple[str, str, int], dict[str, int]] = {}
+        self.advice_dropped = 0  # advisor counter updates refused or lost
         self.dropped = (
             0  # events lost: buffer full, unwritable batch, or still buffered at shutdown
         )
@@ -153,6 +160,38 @@ class BatchWriter:
         else:
             self._tenant_blob_bytes.pop(tenant, None)
 
+    def put_advice(self, tenant: str, family: str, bucket: int, fields: dict[str, int]) -> bool:
+        """Add advisor counter deltas to the pending ones; O(fields). False, and counted, when
+        `ADVICE_PENDING_MAX` other keys are already waiting."""
+        key = (tenant, family, bucket)
+        pending = self._advice.get(key)
+        if pending is None:
+            if len(self._advice) >= ADVICE_PENDING_MAX:
+                self.advice_dropped += 1
+                return False
+            pending = self._advice[key] = {}
+        for name, amount in fields.items():
+            pending[name] = pending.get(name, 0) + amount
+        return True
+
+    async def _write_advice(self) -> None:
+        """Hand the pending advisor counters to the store; on a transient failure they are
+        merged back (within the bound) and the failure raised for the writer's backoff."""
+        write = getattr(self.store, "write_advice", None)
+        taken, self._advice = self._advice, {}
+        if not taken or write is None:
+            return
+        try:
+            await write(taken)
+        except Exception as exc:
+            if not self._is_transient(exc):
+                self.advice_dropped += len(taken)
+                log.error("telemetry: advisor counters dropped: %s", _describe(exc))
+                return
+            for (tenant, family, bucket), fields in taken.items():
+                self.put_advice(tenant, family, bucket, fields)
+            raise
+
     def pending_blob(self, tenant: str, family: str) -> bytes | None:
         """A blob not yet written, so a reader in this process sees its own latest write."""
         entry = self._blobs.get((tenant, family))
@@ -196,6 +235,7 @@ class BatchWriter:
         if batch.malformed:
             self._drop(batch.malformed)
         self.written += batch.count - batch.malformed
+        await self._write_advice()
         return batch.count
 
     def _note_lost_batch(self, batch: _Batch, exc: BaseException) -> None:
@@ -231,12 +271,12 @@ class BatchWriter:
 
     async def drain(self) -> None:
         """Flush until the buffer is empty; raises on the first transiently failed write."""
-        while self._events or self._blobs:
+        while self._events or self._blobs or self._advice:
             await self.flush_once()
 
     async def _drain_or_probe(self) -> None:
         """Drain; with nothing to write, ping the store if it failed or has been quiet long."""
-        if self._events or self._blobs:
+        if self._events or self._blobs or self._advice:
             await self.drain()
             return
         ping = getattr(self.store, "ping", None)
@@ -309,5 +349,6 @@ class BatchWriter:
             self._drop(lost)
         self._pending = None
         self._blobs.clear()
+        self._advice.clear()
         self._blob_bytes = 0
         self._tenant_blob_bytes.clear()

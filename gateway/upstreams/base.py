@@ -94,6 +94,7 @@ class CallContext:
     request_id: str
     forward_headers: dict[str, str] = field(default_factory=dict)
     client_model: str = ""  # the name the client asked for, which answers carry
+    hedged: bool = False  # set by a replicated route that sent this request twice
 
 
 @dataclass(slots=True)

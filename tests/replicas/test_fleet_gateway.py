@@ -201,3 +201,18 @@ def test_a_replica_that_misses_the_first_token_timeout_is_ejected(servers, make_
     states = replica_states(gw)
     assert states["r0"]["state"] == "ejected" and states["r1"]["state"] == "healthy"
     assert chat_posts(servers[0]) == 1  # ejected after its first miss: never tried again
+
+
+def test_hedged_requests_are_counted_in_the_tenant_series(servers, make_gateway):
+    servers[0].mock.behaviour.first_delay_s = 2.0
+    route = fleet_route(servers[:2], hedge_after_ms=100, hedge_max_ratio=1.0, balance="round_robin")
+    gw = make_gateway([route])
+    client = sdk_client(gw)
+    for i in range(4):
+        ask(client, SYSTEM, [f"q{i}"])
+
+    def hedged() -> int:
+        series = httpx.get(gw.url + "/v1/metrics/ttft/series?window=600", timeout=10).json()
+        return sum(point["hedges"] for point in series["points"])
+
+    assert eventually(lambda: hedged() == 2, 5.0)

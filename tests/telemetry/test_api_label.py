@@ -267,9 +267,11 @@ async def endpoint() -> AsyncIterator[httpx.AsyncClient]:
     telemetry = make_telemetry()
     await telemetry.store.write(aggregate_events(_events()), {})
     gateway = SimpleNamespace(
-        keys=KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key")), telemetry=telemetry
+        keys=KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key")),
+        telemetry=telemetry,
+        fleets={},
     )
-    app = Starlette(routes=metrics_endpoints(gateway))  # type: ignore[arg-type]  # the two attributes it reads
+    app = Starlette(routes=metrics_endpoints(gateway))  # type: ignore[arg-type]  # the attributes it reads
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway"
     ) as client:

@@ -1,0 +1,169 @@
+"""Per-request accounting: how many prompt tokens would have been a prefix hit, per variant.
+
+Each sampled request's fingerprints (the chain's own, ``observed``, and one per variant) are
+compared with that family's last ``HISTORY`` fingerprints of the same variant; the stable prefix
+is the longest over them (a provider's cache holds several recent prefixes, and two sessions of
+one agent share a family). The stable prefix becomes cached tokens under the provider's rules:
+
+- OpenAI: exact prefix in 128-token steps from 1,024 tokens (``openai_cached_tokens``).
+- Anthropic: APPROXIMATED as the whole stable prefix once it reaches the model's minimum
+  cacheable length. Anthropic reads only at ``cache_control`` breakpoints (within a 20-block
+  lookback), so this is an upper bound: the hit really ends at the last breakpoint inside the
+  stable prefix.
+
+The history is stored as one blob per family (hashes only, no prompt text): the distinct
+fingerprints once, and per variant the indexes of its last ones.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from policies.diagnostics import PrefixFingerprints, find_prefix_break
+from policies.provider_limits import openai_cached_tokens
+
+from .variants import ALL_OPT_INS, OBSERVED, VARIANTS
+
+HISTORY = 4  # previous fingerprints kept per family and variant
+MAX_HISTORY_BYTES = 512 * 1024  # a family's history blob; older entries go first
+BREAK_CLASSES = ("tools(order)", "tools", "params", "system", "messages")
+_MAGIC = b"FTA1"
+
+
+def field_names() -> tuple[str, ...]:
+    """Every counter the advisor keeps per family and bucket."""
+    per_variant = tuple(
+        f"{what}:{variant}" for variant in (OBSERVED, *VARIANTS) for what in ("prompt", "cached")
+    )
+    breaks = tuple(f"break:{kind}" for kind in BREAK_CLASSES)
+    return (
+        "requests",
+        "prompt",
+        "sampled",
+        "route:openai",
+        "route:anthropic",
+        *per_variant,
+        *breaks,
+    )
+
+
+@dataclass(frozen=True)
+class CacheRules:
+    kind: str  # "openai" | "anthropic"
+    minimum: int = 1024  # Anthropic: the model's minimum cacheable length
+
+    def cached(self, stable_tokens: int) -> int:
+        if self.kind == "anthropic":
+            return stable_tokens if stable_tokens >= self.minimum else 0
+        return openai_cached_tokens(stable_tokens)
+
+
+History = dict[str, list[PrefixFingerprints]]
+
+
+def encode_history(history: History) -> bytes:
+    """Distinct fingerprints once, then per variant its entries' indexes (oldest first)."""
+    table: dict[bytes, int] = {}
+    variants: list[tuple[str, list[int]]] = []
+    for variant, entries in history.items():
+        indexes = []
+        for prints in entries:
+            data = prints.to_bytes()
+            indexes.append(table.setdefault(data, len(table)))
+        variants.append((variant, indexes))
+    out = [_MAGIC, struct.pack("<H", len(table))]
+    for data in table:
+        out += [struct.pack("<I", len(data)), data]
+    out.append(struct.pack("<B", len(variants)))
+    for variant, indexes in variants:
+        name = variant.encode()
+        out += [struct.pack("<BB", len(name), len(indexes)), name]
+        out += [struct.pack("<H", index) for index in indexes]
+    return b"".join(out)
+
+
+def decode_history(blob: bytes | None) -> History:
+    """``encode_history``'s input; an absent or unreadable blob reads as no history."""
+    if not blob or blob[:4] != _MAGIC:
+        return {}
+    try:
+        (count,) = struct.unpack_from("<H", blob, 4)
+        offset = 6
+        table = []
+        for _ in range(count):
+            (size,) = struct.unpack_from("<I", blob, offset)
+            offset += 4
+            table.append(PrefixFingerprints.from_bytes(blob[offset : offset + size]))
+            offset += size
+        (n_variants,) = struct.unpack_from("<B", blob, offset)
+        offset += 1
+        history: History = {}
+        for _ in range(n_variants):
+            name_len, n_entries = struct.unpack_from("<BB", blob, offset)
+            offset += 2
+            name = blob[offset : offset + name_len].decode()
+            offset += name_len
+            indexes = struct.unpack_from(f"<{n_entries}H", blob, offset)
+            offset += 2 * n_entries
+            history[name] = [table[index] for index in indexes]
+        return history
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return {}
+
+
+def _break_class(location: str, kind: str) -> str:
+    return "tools(order)" if location == "tools(order)" else kind
+
+
+def _best_stable(
+    previous: list[PrefixFingerprints], current: PrefixFingerprints
+) -> tuple[int, str | None]:
+    """The longest stable prefix over the previous fingerprints, and the class of the break
+    that ended it (None when one of them is wholly repeated, or there is no history)."""
+    best, cause, first = 0, None, True
+    for old in previous:
+        found = find_prefix_break(old, current)
+        stable = old.total_tokens if found is None else found.stable_tokens
+        kind = None if found is None else _break_class(found.location, found.kind)
+        if first or stable > best or (stable == best and kind is None):
+            best, cause, first = stable, kind, False
+    return best, cause
+
+
+def evaluate(
+    history: History, current: dict[str, PrefixFingerprints], rules: CacheRules
+) -> tuple[dict[str, int], History]:
+    """This request's counter deltas (sampled only: ``requests`` and ``prompt`` are counted for
+    every request elsewhere) and the family's new history."""
+    fields: dict[str, int] = {"sampled": 1}
+    stable_of: dict[str, int] = {}
+    observed_break = None
+    for variant, prints in current.items():
+        stable, cause = _best_stable(history.get(variant, []), prints)
+        stable = min(stable, prints.total_tokens)
+        stable_of[variant] = stable
+        if variant == OBSERVED:
+            observed_break = cause
+        fields[f"prompt:{variant}"] = prints.total_tokens
+        fields[f"cached:{variant}"] = rules.cached(stable)
+    all_gain = fields.get(f"cached:{ALL_OPT_INS}", 0) - fields[f"cached:{OBSERVED}"]
+    if observed_break is not None and all_gain > 0:
+        fields[f"break:{observed_break}"] = 1
+    new: History = {}
+    for variant, prints in current.items():
+        new[variant] = [*history.get(variant, [])[-(HISTORY - 1) :], prints]
+    return fields, _bounded(new)
+
+
+def _bounded(history: History) -> History:
+    """Drop the oldest entries until the blob fits ``MAX_HISTORY_BYTES`` (maybe all)."""
+    while history and len(encode_history(history)) > MAX_HISTORY_BYTES:
+        longest = max(len(entries) for entries in history.values())
+        if longest == 0:
+            return {}
+        history = {
+            variant: entries[1:] if len(entries) == longest else entries
+            for variant, entries in history.items()
+        }
+    return history

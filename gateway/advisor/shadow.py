@@ -1,0 +1,156 @@
+"""The advisor's shadow work: after a request went upstream, re-run it under each opt-in.
+
+``observe_cache_advice`` is the one call ``report_headers`` makes, after measuring: it counts the
+request for its family (O(1)) and, when sampled, starts a task of its own that is never awaited
+by the request, so the report headers (and the first token) never wait for it:
+
+1. read the family's variant history (a telemetry blob: in process, or Redis),
+2. in a worker thread, transform the ORIGINAL body under each variant, fingerprint, compare,
+3. queue the counters and the new history for the telemetry writer (batched like the rest).
+
+Cost is bounded two ways. One evaluation runs at a time per gateway process; a request that
+arrives while one runs is counted but not evaluated (this is the "pool busy: skip" rule, on a
+thread of its own: the heavy-work pool admits one job per tenant, so shadow work there would
+make the tenant's next big request wait behind it). And at most ``MAX_EVALUATIONS_PER_S`` a
+second (a token bucket with ``BURST``): above that rate, requests are sampled. Shares are
+computed over evaluated requests only, so sampling thins the estimate, not its scale; every
+request is counted in the tenant's totals (family ``TOTALS_FAMILY``), and the per-day figures
+scale the evaluated requests up to all of them.
+
+Not evaluated: bodies a worker process parsed (``prepared_report_headers``: the original body
+never reaches this process), and gateways with telemetry off (no fingerprints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from typing import Any
+
+from gateway.telemetry.store import ADVICE_BUCKET_S
+from policies import PolicyResult
+from policies.config import PolicyOptions
+from policies.diagnostics import PrefixFingerprints
+
+from .accounting import CacheRules, decode_history, encode_history, evaluate
+from .advice import TOTALS_FAMILY
+from .variants import OBSERVED, RouteGuess, ShadowChains, guess_route
+
+log = logging.getLogger("firsttoken.advisor")
+
+MAX_EVALUATIONS_PER_S = 20.0
+BURST = 20.0
+HISTORY_TTL_S = 3600  # like the diagnostics' fingerprints
+HISTORY_PREFIX = "advice:"  # blob family names: apart from the diagnostics' own
+
+
+def bucket_of(now: float) -> int:
+    return int(now // ADVICE_BUCKET_S)
+
+
+class CacheAdvisor:
+    """One per telemetry object (``advisor_for``): the chains, the sampling state, counters."""
+
+    def __init__(
+        self,
+        telemetry: Any,
+        options: PolicyOptions | None = None,
+        *,
+        max_per_s: float = MAX_EVALUATIONS_PER_S,
+        burst: float = BURST,
+    ) -> None:
+        self._telemetry = weakref.proxy(telemetry)
+        self.chains = ShadowChains(options)
+        self.max_per_s = max_per_s
+        self.burst = burst
+        self._tokens = burst
+        self._refilled = time.monotonic()
+        self._busy = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.evaluated = 0
+        self.skipped = 0
+        self.failed = 0
+
+    def configure(self, options: PolicyOptions) -> None:
+        """The gateway's policy options: the base each variant adds its opt-in to."""
+        if options != self.chains.base:
+            self.chains = ShadowChains(options)
+
+    def _admit(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.max_per_s)
+        self._refilled = now
+        if self._busy or self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    def observe(self, tenant: str, result: PolicyResult) -> None:
+        """Count the request in the tenant's totals; maybe start its shadow evaluation. O(1) on
+        the loop (the family is only known after the shadow transforms)."""
+        prints = result.fingerprints
+        if prints is None or result.original is None:
+            return
+        bucket = bucket_of(time.time())
+        totals = {"requests": 1, "prompt": prints.total_tokens}
+        self._telemetry.put_advice(tenant, TOTALS_FAMILY, bucket, totals)
+        if not self._admit():
+            self.skipped += 1
+            return
+        self._busy = True
+        task = asyncio.ensure_future(self._evaluate(tenant, bucket, result, guess_route(result)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def account(
+        blob: bytes | None, current: dict[str, PrefixFingerprints], route: RouteGuess
+    ) -> tuple[dict[str, int], bytes]:
+        """Compare with the family's history: counter deltas and the new history blob."""
+        rules = CacheRules(route.kind, route.anthropic_minimum)
+        fields, history = evaluate(decode_history(blob), current, rules)
+        fields.update({"requests": 1, f"route:{route.kind}": 1})
+        fields["prompt"] = current[OBSERVED].total_tokens
+        return fields, encode_history(history)
+
+    async def _evaluate(
+        self, tenant: str, bucket: int, result: PolicyResult, route: RouteGuess
+    ) -> None:
+        try:
+            family, current = await asyncio.to_thread(
+                self.chains.fingerprints, result, route, tenant
+            )
+            key = HISTORY_PREFIX + family
+            blob = await self._telemetry.get_fingerprints(tenant, key)
+            fields, new_blob = await asyncio.to_thread(self.account, blob, current, route)
+            self._telemetry.put_fingerprints(tenant, key, new_blob, HISTORY_TTL_S)
+            self._telemetry.put_advice(tenant, family, bucket, fields)
+            self.evaluated += 1
+        except Exception:  # the advisor only observes: its failure is its own
+            self.failed += 1
+            if self.failed == 1 or self.failed % 1000 == 0:
+                log.exception("cache advisor evaluation failed (%d so far)", self.failed)
+        finally:
+            self._busy = False
+
+
+_advisors: weakref.WeakKeyDictionary[Any, CacheAdvisor] = weakref.WeakKeyDictionary()
+
+
+def advisor_for(telemetry: Any) -> CacheAdvisor:
+    """The advisor of this telemetry object (made on first use, gone with it)."""
+    advisor = _advisors.get(telemetry)
+    if advisor is None:
+        advisor = _advisors[telemetry] = CacheAdvisor(telemetry)
+    return advisor
+
+
+def observe_cache_advice(telemetry: Any, tenant: str, result: PolicyResult) -> None:
+    """The hook in ``report_headers``: never raises, never awaits, never changes the traffic."""
+    try:
+        if getattr(telemetry, "enabled", False):
+            advisor_for(telemetry).observe(tenant, result)
+    except Exception:  # the advisor must never fail a request
+        log.exception("cache advisor failed to observe a request")
