@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -45,14 +50,9 @@ class FleetCollector(Collector):
         ejections = CounterMetricFamily(
             "firsttoken_replica_ejections", "Times the replica was ejected.", labels=labels
         )
-        ttft_sum = CounterMetricFamily(
-            "firsttoken_replica_upstream_ttft_seconds_sum",
-            "Sum of the replica's upstream TTFTs (request sent to first content).",
-            labels=labels,
-        )
-        ttft_count = CounterMetricFamily(
-            "firsttoken_replica_upstream_ttft_seconds_count",
-            "Number of upstream TTFTs summed in ..._sum.",
+        ttft = SummaryMetricFamily(
+            "firsttoken_replica_upstream_ttft_seconds",
+            "The replica's upstream TTFTs (request sent to first content): sum and count.",
             labels=labels,
         )
         hedges = CounterMetricFamily(
@@ -70,8 +70,7 @@ class FleetCollector(Collector):
                 requests.add_metric(values, replica["requests"])
                 hits.add_metric(values, replica["affinity_hits"])
                 ejections.add_metric(values, replica["ejections"])
-                ttft_sum.add_metric(values, member.stats.ttft_sum_s)
-                ttft_count.add_metric(values, member.stats.ttft_count)
+                ttft.add_metric(values, member.stats.ttft_count, member.stats.ttft_sum_s)
             for outcome, count in snapshot["hedges"].items():
                 hedges.add_metric([route, outcome], count)
-        yield from (healthy, in_flight, requests, hits, ejections, ttft_sum, ttft_count, hedges)
+        yield from (healthy, in_flight, requests, hits, ejections, ttft, hedges)
