@@ -18,6 +18,8 @@ from gateway.big_bodies import Prepared, Refused, dumps_settings, prepare, worke
 from gateway.errors import GatewayError
 from gateway.offload import HeavyWork
 from gateway.ownership import Ownership
+from gateway.pd.metrics import PDCollector
+from gateway.pd.router import PDUpstream
 from gateway.policy_runner import (
     POLICY_HEADER,
     PolicyRunner,
@@ -84,13 +86,17 @@ class Gateway:
         self.proxy = Proxy(settings, self.upstreams)
         self.policies = PolicyRunner(settings, table.routes)
         self.telemetry = self._telemetry(settings)
-        self.fleets = {
+        self.fleets: dict[str, ReplicatedUpstream | PDUpstream] = {
             name: upstream
             for name, upstream in self.upstreams.items()
-            if isinstance(upstream, ReplicatedUpstream)
+            if isinstance(upstream, ReplicatedUpstream | PDUpstream)
         }
         if self.fleets and self.telemetry.enabled:
-            self.telemetry.metrics.registry.register(FleetCollector(self.fleets))
+            registry = self.telemetry.metrics.registry
+            registry.register(FleetCollector(self.fleets))
+            routers = {n: u for n, u in self.fleets.items() if isinstance(u, PDUpstream)}
+            if routers:
+                registry.register(PDCollector(routers))
         self.objects = Ownership.create(self.telemetry.store, enabled=not self.keys.open)
         self.offload = HeavyWork(
             settings.policy_thread_min_bytes,

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
 from gateway.replicas.health import HealthPolicy, ReplicaHealth
@@ -67,6 +67,17 @@ class Member:
     upstream: OpenAIUpstream
     state: ReplicaState
     stats: ReplicaStats
+
+
+class Fleet(Protocol):
+    """What operators' views and shared placements read of a route with several servers
+    (`ReplicatedUpstream`, and the prefill/decode router `gateway.pd.PDUpstream`)."""
+
+    route: Route
+    members: dict[str, Member]
+    placements: SharedPlacements | None
+
+    def snapshot(self) -> dict[str, Any]: ...
 
 
 class ReplicatedUpstream:

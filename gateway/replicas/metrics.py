@@ -18,11 +18,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gateway.replicas.fleet import ReplicatedUpstream
+    from gateway.replicas.fleet import Fleet
 
 
 class FleetCollector(Collector):
-    def __init__(self, fleets: Mapping[str, ReplicatedUpstream]) -> None:
+    def __init__(self, fleets: Mapping[str, Fleet]) -> None:
         self.fleets = fleets
 
     def collect(self) -> Iterator[Metric]:

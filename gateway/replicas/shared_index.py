@@ -26,7 +26,7 @@ import orjson
 from gateway.replicas.prefix_index import DIGEST_BYTES
 
 if TYPE_CHECKING:
-    from gateway.replicas.fleet import ReplicatedUpstream
+    from gateway.replicas.fleet import Fleet
 
 log = logging.getLogger("firsttoken.replicas")
 
@@ -41,7 +41,7 @@ RECONNECT_S = 1.0
 class SharedPlacements:
     """Publishes this process's placements and applies the others'."""
 
-    def __init__(self, client: Any, key_prefix: str, fleets: Mapping[str, ReplicatedUpstream]):
+    def __init__(self, client: Any, key_prefix: str, fleets: Mapping[str, Fleet]):
         self.client = client
         self.channel = f"{key_prefix}:affinity"
         self.fleets = fleets

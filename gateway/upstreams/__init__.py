@@ -3,7 +3,7 @@ bundled engine)."""
 
 from __future__ import annotations
 
-from gateway.routes import Route
+from gateway.routes import Replica, Route
 from gateway.settings import Settings
 from gateway.upstreams.base import (
     CallContext,
@@ -37,23 +37,33 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
         "max_event_bytes": settings.max_event_bytes,
         "max_response_bytes": settings.max_response_bytes,
     }
+
+    def one_server(replica: Replica) -> OpenAIUpstream:
+        # Each replica (or prefill/decode server) is reached like a one-server route of its
+        # own: its URL, its key (else the route's), the route's headers under its own.
+        one = route.model_copy(
+            update={
+                "base_url": replica.base_url,
+                "api_key_env": replica.api_key_env or route.api_key_env,
+                "headers": {**route.headers, **replica.headers},
+                "replicas": (),
+                "pd": None,
+            }
+        )
+        return OpenAIUpstream(one, api_key=settings.route_api_key(one), **options)
+
+    if route.pd is not None:
+        from gateway.pd.router import PDUpstream
+
+        return PDUpstream(
+            route,
+            [one_server(r) for r in route.pd.prefill],
+            [one_server(r) for r in route.pd.decode],
+        )
     if route.replicas:
         from gateway.replicas.fleet import ReplicatedUpstream
 
-        members = []
-        for replica in route.replicas:
-            # Each replica is reached like a one-server route of its own: its URL, its key
-            # (else the route's), the route's headers under its own.
-            one = route.model_copy(
-                update={
-                    "base_url": replica.base_url,
-                    "api_key_env": replica.api_key_env or route.api_key_env,
-                    "headers": {**route.headers, **replica.headers},
-                    "replicas": (),
-                }
-            )
-            members.append(OpenAIUpstream(one, api_key=settings.route_api_key(one), **options))
-        return ReplicatedUpstream(route, members)
+        return ReplicatedUpstream(route, [one_server(r) for r in route.replicas])
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
     return kind(route, api_key=settings.route_api_key(route), **options)
 
