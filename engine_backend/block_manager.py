@@ -163,7 +163,25 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks. Cached ones stay findable; the tail of the sequence
         is queued for eviction before its head, and unnamed blocks before both."""
-        for block_id in reversed(seq.block_table):
+        self.unpin(seq.block_table)
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+        self.unpin(seq.pinned_blocks)
+        seq.pinned_blocks = []
+
+    def pin(self, block_ids: SequenceLike[int]) -> None:
+        """Take one more reference on each block: a pinned block is never handed out (its
+        contents cannot change) until `unpin`. Used to hold KV for a transfer."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_blocks[block_id]
+            block.ref_count += 1
+
+    def unpin(self, block_ids: SequenceLike[int]) -> None:
+        """Drop one reference on each block (the tail first, so a sequence's head is
+        evicted last); unnamed blocks are queued to be handed out before cached ones."""
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
@@ -171,8 +189,61 @@ class BlockManager:
                 self.free_blocks[block_id] = None
                 if block.block_hash is None:
                     self.free_blocks.move_to_end(block_id, last=False)
-        seq.block_table = []
-        seq.num_registered_blocks = 0
+
+    def claim_prefix(
+        self, seq: Sequence, num_blocks: int
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """Pin blocks for `seq`'s first `num_blocks` full blocks so that its admission finds
+        them all as prefix-cache hits: blocks already cached are reused, the others are
+        taken from the free queue and named under `seq`'s hash chain (its salt included).
+
+        Returns (the pinned block ids in order, (block index, block id) of each fresh block,
+        which the caller must fill with KV before the next step), or None when the pool has
+        too few free blocks (nothing changed then). The caller keeps the pins in
+        `seq.pinned_blocks`; the scheduler drops them at admission or finish.
+        """
+        if not self.enable_prefix_caching or num_blocks <= 0:
+            return None
+        size = self.block_size
+        hashes = self._ensure_hashes(seq, num_blocks)
+        plan: list[int | None] = []
+        for i in range(num_blocks):
+            cached = self.cached_blocks.get(hashes[i])
+            tokens = tuple(seq.token_ids[i * size : (i + 1) * size])
+            if cached is not None and self.blocks[cached].token_ids != tokens:
+                return None  # a hash collision: never mix two prompts' KV
+            plan.append(cached)
+        reused = [b for b in plan if b is not None]
+        reclaimed = sum(1 for b in reused if self.blocks[b].ref_count == 0)
+        if plan.count(None) > len(self.free_blocks) - reclaimed:
+            return None
+        self.pin(reused)
+        pinned: list[int] = []
+        fresh: list[tuple[int, int]] = []
+        for i, cached in enumerate(plan):
+            if cached is None:
+                cached = self._take_free_block()
+                block = self.blocks[cached]
+                block.block_hash = hashes[i]
+                block.token_ids = tuple(seq.token_ids[i * size : (i + 1) * size])
+                self.cached_blocks[hashes[i]] = cached
+                fresh.append((i, cached))
+            pinned.append(cached)
+        return pinned, fresh
+
+    def release_claim(self, pinned: list[int], fresh: list[tuple[int, int]]) -> None:
+        """Undo `claim_prefix` when the fresh blocks could not be filled: they lose their
+        names (their contents are not what the names say) and every pin is dropped."""
+        for _, block_id in fresh:
+            block = self.blocks[block_id]
+            if (
+                block.block_hash is not None
+                and self.cached_blocks.get(block.block_hash) == block_id
+            ):
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+            block.token_ids = None
+        self.unpin(pinned)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (blocks in use keep their data, just not their names)."""

@@ -19,13 +19,15 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from engine_backend.llm_engine import LLMEngine, StepOutput
+from engine_backend.pd.kv_blocks import KVBlocks
 from engine_backend.sampling import SamplingParams
 from engine_backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long the idle thread sleeps before looking at its stop flag again.
 IDLE_WAIT_S = 0.05
@@ -52,6 +54,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    # Prefill role: blocks pinned for a decode server when the request finished.
+    held_block_ids: list[int] | None = None
 
 
 # What a request's queue carries: its outputs, then possibly the error that ended it.
@@ -81,7 +85,9 @@ class AddRequest:
     params: SamplingParams
     cache_salt: str | None
     tracked: _Tracked
-    accepted: asyncio.Future[None]
+    accepted: asyncio.Future[int]  # its result: prompt tokens whose KV was imported
+    kv_hold_id: str | None = None
+    kv_import: KVBlocks | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +97,17 @@ class AbortRequest:
     request_id: str
 
 
-InboxMessage = AddRequest | AbortRequest
+@dataclass(frozen=True, slots=True)
+class CallInEngine(Generic[T]):
+    """Inbox message: run `fn(llm)` on the engine thread between two steps (the one safe
+    place to read or write the KV cache from outside a step); `done` gets its result."""
+
+    fn: Callable[[LLMEngine], T]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[T]
+
+
+InboxMessage = AddRequest | AbortRequest | CallInEngine[Any]
 
 
 def _stop_hold_back(text: str, stops: list[str]) -> int:
@@ -120,6 +136,7 @@ class RequestStream:
         self.request_id = request_id
         self._queue = queue
         self._done = False
+        self.num_imported_tokens = 0
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -190,12 +207,16 @@ class EngineThread:
         stop: list[str] | None = None,
         cache_salt: str | None = None,
         request_id: str | None = None,
+        kv_hold_id: str | None = None,
+        kv_import: KVBlocks | None = None,
     ) -> RequestStream:
         """Hand a request to the engine and wait until it accepts it.
 
         Waiting for acceptance costs no first-token time (a token needs a step after
         acceptance anyway) and lets the engine's validation errors (ValueError) reach
-        the caller before any output has been sent.
+        the caller before any output has been sent. `kv_hold_id` and `kv_import` are
+        LLMEngine.add_request's (prefill/decode separation); the stream's
+        `num_imported_tokens` says how much of `kv_import` was used.
         """
         if not self.is_running:
             raise EngineClosedError("engine is not running; call start() first")
@@ -204,7 +225,7 @@ class EngineThread:
         loop = asyncio.get_running_loop()
         request_id = request_id or f"req-{next(self._ids)}"
         queue: OutputQueue = asyncio.Queue()
-        accepted: asyncio.Future[None] = loop.create_future()
+        accepted: asyncio.Future[int] = loop.create_future()
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
             if self.tokenizer is not None
@@ -214,14 +235,35 @@ class EngineThread:
             loop=loop, queue=queue, detokenizer=detokenizer, stop=[s for s in (stop or []) if s]
         )
         self._post(
-            AddRequest(request_id, list(prompt_token_ids), params, cache_salt, tracked, accepted)
+            AddRequest(
+                request_id,
+                list(prompt_token_ids),
+                params,
+                cache_salt,
+                tracked,
+                accepted,
+                kv_hold_id,
+                kv_import,
+            )
         )
         try:
-            await accepted
+            imported = await accepted
         except asyncio.CancelledError:
             self.abort(request_id)
             raise
-        return RequestStream(self, request_id, queue)
+        stream = RequestStream(self, request_id, queue)
+        stream.num_imported_tokens = imported
+        return stream
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(llm)` on the engine thread between steps and return its result (its
+        exception is raised here). Raises EngineClosedError when the thread is not running."""
+        if not self.is_running:
+            raise EngineClosedError("engine is not running; call start() first")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        self._post(CallInEngine(fn, loop, done))
+        return await done
 
     def abort(self, request_id: str) -> None:
         """Ask the engine thread to drop a request; its blocks are freed before the next step."""
@@ -237,6 +279,7 @@ class EngineThread:
         while not self._stopping.is_set():
             self._wakeup.clear()
             self._drain_inbox()
+            self.llm.expire_kv_holds()
             if not self.llm.has_unfinished():
                 self._wakeup.wait(IDLE_WAIT_S)
                 continue
@@ -255,25 +298,43 @@ class EngineThread:
                     self._fail_one(output.request_id, tracked, "detokenization failed")
         self._drain_inbox()
         self._fail_all(EngineClosedError("engine shut down"))
+        self.llm.kv_holds.release_all()
 
     def _drain_inbox(self) -> None:
         while self._inbox:
             message = self._inbox.popleft()
             if isinstance(message, AddRequest):
                 self._accept(message)
+            elif isinstance(message, CallInEngine):
+                self._call(message)
             else:
                 self._abort_now(message.request_id)
 
+    def _call(self, message: CallInEngine[Any]) -> None:
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = message.fn(self.llm)
+        except Exception as exc:  # noqa: BLE001 -- the caller gets it; the thread goes on
+            error = exc
+        self._call_in_loop(message.loop, _settle, message.done, error, result)
+
     def _accept(self, add: AddRequest) -> None:
         error: BaseException | None = None
+        imported = 0
         try:
-            self.llm.add_request(
-                add.request_id, add.prompt_token_ids, add.params, cache_salt=add.cache_salt
+            imported = self.llm.add_request(
+                add.request_id,
+                add.prompt_token_ids,
+                add.params,
+                cache_salt=add.cache_salt,
+                kv_hold_id=add.kv_hold_id,
+                kv_import=add.kv_import,
             )
             self._tracked[add.request_id] = add.tracked
         except Exception as exc:  # noqa: BLE001 -- a refusal goes to its caller; the thread goes on
             error = exc
-        self._call_in_loop(add.tracked.loop, _settle, add.accepted, error)
+        self._call_in_loop(add.tracked.loop, _settle, add.accepted, error, imported)
 
     def _abort_now(self, request_id: str) -> None:
         if self._tracked.pop(request_id, None) is None:
@@ -335,6 +396,7 @@ class EngineThread:
             num_prompt_tokens=out.num_prompt_tokens,
             num_cached_tokens=out.num_cached_tokens,
             num_output_tokens=tracked.num_output_tokens,
+            held_block_ids=out.held_block_ids,
         )
         self._call_in_loop(tracked.loop, tracked.queue.put_nowait, result)
 
@@ -348,10 +410,10 @@ class EngineThread:
             pass
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[Any], error: BaseException | None, result: Any = None) -> None:
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)

@@ -19,6 +19,8 @@ from engine_backend.block_manager import BlockManager
 from engine_backend.checkpoint import load_eos_token_ids, load_hf_config, load_model
 from engine_backend.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from engine_backend.model_runner import ModelRunner, kv_bytes_per_block
+from engine_backend.pd.holds import KVHolds, num_transfer_blocks
+from engine_backend.pd.kv_blocks import KVBlocks, read_blocks, write_blocks
 from engine_backend.sampling import Sampler, SamplingParams
 from engine_backend.scheduler import Scheduler
 from engine_backend.sequence import Sequence
@@ -49,6 +51,8 @@ class StepOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     error: str | None = None  # set when this request failed alone (finish_reason "error")
+    # Prefill role: the blocks pinned for a decode server when the request finished.
+    held_block_ids: list[int] | None = None
 
 
 class LLMEngine:
@@ -99,6 +103,10 @@ class LLMEngine:
         self.sampler = Sampler(self.device, config.seed)
         self.requests: dict[str, Sequence] = {}
         self._pending: list[StepOutput] = []
+        # Prefill/decode separation (engine_backend.pd): KV held for decode servers to pull,
+        # bounded by half the pool unless configured; the transfer id of each request asking.
+        self.kv_holds = KVHolds(self.block_manager, max(1, num_blocks // 2), hold_s=30.0)
+        self._kv_hold_ids: dict[str, str] = {}
 
     def _blocks_that_fit(self, config: EngineConfig, block_bytes: int) -> int:
         if config.kv_cache_bytes is not None:
@@ -121,9 +129,20 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
-    ) -> None:
+        *,
+        kv_hold_id: str | None = None,
+        kv_import: KVBlocks | None = None,
+    ) -> int:
         """Queue a request. Raises ValueError for an empty or too long prompt, a token
-        outside the vocabulary, or a request id already in flight."""
+        outside the vocabulary, or a request id already in flight.
+
+        `kv_hold_id` (prefill role): when the request finishes, pin its prompt's full blocks
+        under that transfer id (KVHoldLimitError now if that would pass the bound).
+        `kv_import` (decode role): KV pulled from a prefill server for the prompt's leading
+        blocks; the blocks that match the prompt's tokens enter the pool and the prefix cache
+        and are pinned until the request is admitted, which then finds them as hits.
+        Returns how many prompt tokens' KV was imported (0 when it could not be used).
+        """
         if not prompt_token_ids:
             raise ValueError("prompt is empty")
         if request_id in self.requests:
@@ -140,8 +159,57 @@ class LLMEngine:
             None if params.seed is None else self.sampler.make_request_generator(params.seed)
         )
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt, generator)
+        if kv_hold_id is not None:
+            blocks = num_transfer_blocks(len(prompt_token_ids), self.config.block_size)
+            self.kv_holds.reserve(kv_hold_id, blocks)
+            self._kv_hold_ids[request_id] = kv_hold_id
+        imported = self._import_kv(seq, kv_import) if kv_import is not None else 0
         self.requests[request_id] = seq
         self.scheduler.add(seq)
+        return imported
+
+    def _import_kv(self, seq: Sequence, kv: KVBlocks) -> int:
+        """Put pulled KV into the pool under `seq`'s own hash chain. Only blocks whose tokens
+        equal the prompt's are used, so no sender can place KV under other tokens."""
+        size = self.config.block_size
+        count = min(kv.num_blocks, num_transfer_blocks(len(seq), size))
+        if count <= 0 or kv.token_ids[: count * size] != seq.token_ids[: count * size]:
+            return 0
+        claim = self.block_manager.claim_prefix(seq, count)
+        if claim is None:
+            logger.info("no room to import %d KV blocks for %s", count, seq.request_id)
+            return 0
+        pinned, fresh = claim
+        if fresh:
+            try:
+                write_blocks(
+                    self.model_runner.kv_cache,
+                    [block_id for _, block_id in fresh],
+                    size,
+                    kv.kv[[index for index, _ in fresh]],
+                )
+            except Exception:  # a shape or device problem: compute the prompt here instead
+                logger.exception("importing KV blocks for %s failed", seq.request_id)
+                self.block_manager.release_claim(pinned, fresh)
+                return 0
+        seq.pinned_blocks = pinned
+        return count * size
+
+    def export_kv(self, transfer_id: str) -> tuple[list[int], KVBlocks] | None:
+        """End a hold and return its block ids and a CPU copy of its blocks (None when no
+        such hold exists: never made, already pulled, or expired)."""
+        hold = self.kv_holds.take(transfer_id)
+        if hold is None:
+            return None
+        try:
+            kv = read_blocks(self.model_runner.kv_cache, hold.block_ids, self.config.block_size)
+        finally:
+            self.kv_holds.release(hold)
+        return hold.block_ids, KVBlocks(hold.token_ids, kv)
+
+    def expire_kv_holds(self) -> int:
+        """Free holds past their deadline; the engine thread calls this between steps."""
+        return self.kv_holds.expire()
 
     def abort_request(self, request_id: str) -> None:
         """Free the request's blocks now; its final StepOutput comes with the next step().
@@ -149,6 +217,7 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return
+        self._drop_hold_id(seq)
         self.scheduler.finish(seq, "abort")
         self._pending.append(self._output(seq, []))
 
@@ -172,10 +241,17 @@ class LLMEngine:
                 continue
             self.scheduler.append_token(seq, token)
             reason = self._finish_reason(seq, token)
+            held: list[int] | None = None
             if reason is not None:
+                transfer_id = self._kv_hold_ids.pop(seq.request_id, None)
+                if transfer_id is not None:  # pinned before finish() frees the blocks
+                    hold = self.kv_holds.hold(transfer_id, seq)
+                    held = hold.block_ids if hold is not None else []
                 self.scheduler.finish(seq, reason)
                 del self.requests[seq.request_id]
-            outputs.append(self._output(seq, [token]))
+            output = self._output(seq, [token])
+            output.held_block_ids = held
+            outputs.append(output)
         return outputs
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
@@ -202,6 +278,7 @@ class LLMEngine:
 
     def _fail(self, seq: Sequence, error: str) -> StepOutput:
         """End one request with an error; its blocks are freed and every other goes on."""
+        self._drop_hold_id(seq)
         self.scheduler.finish(seq, "error")
         self.requests.pop(seq.request_id, None)
         return self._output(seq, [], error)
@@ -215,6 +292,11 @@ class LLMEngine:
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return "length"
         return None
+
+    def _drop_hold_id(self, seq: Sequence) -> None:
+        transfer_id = self._kv_hold_ids.pop(seq.request_id, None)
+        if transfer_id is not None:
+            self.kv_holds.unreserve(transfer_id)
 
     @staticmethod
     def _output(seq: Sequence, new_token_ids: list[int], error: str | None = None) -> StepOutput:

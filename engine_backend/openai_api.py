@@ -3,6 +3,8 @@
 This is the one surface the gateway's `local` upstream and the standalone server call.
 It turns a request into prompt ids (chat template or legacy prompt) and SamplingParams,
 runs it on the EngineThread and shapes the outputs like OpenAI's (openai_response).
+With a PD config (engine_backend.pd) it also takes vLLM's `kv_transfer_params`: a prefill
+request's answer names the held KV, a decode request pulls that KV before it is queued.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from engine_backend import request_fields as fields
 from engine_backend.engine_thread import EngineThread, RequestOutput, RequestStream
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.openai_response import CHAT, Endpoint, ResponseBuilder
+from engine_backend.pd import params as pd_params
+from engine_backend.pd.node import PDConfig, PDNode
 from engine_backend.request_fields import EngineRequestError
 from engine_backend.sampling import SamplingParams
 from engine_backend.tokenizer import ChatTemplateError, ChatTemplateRenderError, Tokenizer
@@ -39,6 +43,7 @@ class _Checked:
     stop: list[str]
     include_usage: bool
     cache_salt: str | None
+    pd_step: pd_params.RemoteDecode | pd_params.RemotePrefill | None = None
 
 
 @dataclass
@@ -49,6 +54,7 @@ class _Prepared:
     stop: list[str]
     include_usage: bool
     cache_salt: str | None
+    pd_step: pd_params.RemoteDecode | pd_params.RemotePrefill | None = None
 
 
 class LocalEngine:
@@ -63,6 +69,7 @@ class LocalEngine:
         description: str,
         isolate_tenants: bool = False,
         default_max_tokens: int | None = None,
+        pd: PDConfig | None = None,
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -73,6 +80,8 @@ class LocalEngine:
         self.max_model_len = llm.max_model_len
         self.created = int(time.time())
         self.thread = EngineThread(llm, tokenizer)
+        # None: kv_transfer_params is ignored, as before PD existed (the gateway's local route).
+        self.pd = PDNode(pd, self.thread) if pd is not None else None
 
     @classmethod
     def from_model(
@@ -81,6 +90,7 @@ class LocalEngine:
         *,
         demo: bool = False,
         isolate_tenants: bool = False,
+        pd: PDConfig | None = None,
         **engine_options: Any,
     ) -> LocalEngine:
         """Load a model folder or Hugging Face id, or (model None, demo True) the demo.
@@ -115,6 +125,7 @@ class LocalEngine:
             description=description,
             isolate_tenants=isolate_tenants,
             default_max_tokens=default_max_tokens,
+            pd=pd,
         )
 
     def model_cards(self) -> list[dict]:
@@ -131,8 +142,12 @@ class LocalEngine:
 
     async def start(self) -> None:
         self.thread.start()
+        if self.pd is not None:
+            await self.pd.start()
 
     async def aclose(self) -> None:
+        if self.pd is not None:
+            await self.pd.close()
         await asyncio.to_thread(self.thread.shutdown)
 
     # -- request preparation ---------------------------------------------------------------
@@ -161,6 +176,16 @@ class LocalEngine:
         own_salt = fields.cache_salt(body)
         if own_salt:
             salt = f"{salt}:{own_salt}" if salt else own_salt
+        pd_step = None
+        if self.pd is not None:
+            pd_step = pd_params.parse(body)
+            if pd_step is not None:
+                self.pd.check_role(pd_step)
+            if isinstance(pd_step, pd_params.RemoteDecode) and body.get("stream") is True:
+                raise EngineRequestError(
+                    "kv_transfer_params.do_remote_decode needs 'stream': false",
+                    pd_params.FIELD,
+                )
         return _Checked(
             body,
             fields.model(body, self.model_name),
@@ -170,6 +195,7 @@ class LocalEngine:
             fields.stop_strings(body),
             fields.include_usage(body),
             salt,
+            pd_step,
         )
 
     def _prepare(self, checked: _Checked, prompt_ids: list[int], prompt_param: str) -> _Prepared:
@@ -197,13 +223,17 @@ class LocalEngine:
             params = SamplingParams(max_tokens=max_tokens, **checked.sampling)
         except ValueError as e:  # the engine's own bounds; the checks above name the field first
             raise EngineRequestError(str(e)) from e
+        # A prefill for remote decode must end normally to hold its KV; its text is thrown
+        # away by the router (the decode server applies the stop strings).
+        stop = [] if isinstance(checked.pd_step, pd_params.RemoteDecode) else checked.stop
         return _Prepared(
             checked.model,
             prompt_ids,
             params,
-            checked.stop,
+            stop,
             checked.include_usage,
             checked.cache_salt,
+            checked.pd_step,
         )
 
     def _prepare_request(self, endpoint: Endpoint, body: Any, tenant: str | None) -> _Prepared:
@@ -242,16 +272,29 @@ class LocalEngine:
             raise EngineRequestError("batched prompts are not supported; send one prompt", "prompt")
         raise EngineRequestError("'prompt' must be a string or a list of token ids", "prompt")
 
-    async def _submit(self, prepared: _Prepared, prompt_param: str) -> RequestStream:
+    async def _submit(
+        self, prepared: _Prepared, prompt_param: str, transfer_id: str | None = None
+    ) -> RequestStream:
+        """Queue the request; a PD decode step first pulls the prompt's KV (a failed pull
+        leaves an ordinary request). KVHoldLimitError (a 503) passes through."""
+        kv_import = None
+        step = prepared.pd_step
+        if self.pd is not None and isinstance(step, pd_params.RemotePrefill):
+            kv_import = await self.pd.pull(step, prepared.prompt_ids)
         try:
-            return await self.thread.add_request(
+            stream = await self.thread.add_request(
                 prepared.prompt_ids,
                 prepared.params,
                 stop=prepared.stop,
                 cache_salt=prepared.cache_salt,
+                kv_hold_id=transfer_id,
+                kv_import=kv_import,
             )
         except ValueError as e:  # the engine's own validation (e.g. ids out of vocab)
             raise EngineRequestError(str(e), prompt_param) from e
+        if self.pd is not None and kv_import is not None:
+            self.pd.pulls.tokens += stream.num_imported_tokens
+        return stream
 
     # -- responses -------------------------------------------------------------------------
 
@@ -288,7 +331,10 @@ class LocalEngine:
     ) -> dict:
         """The endpoint's whole response dict."""
         prepared = self._prepare_request(endpoint, body, tenant)
-        request = await self._submit(prepared, endpoint.prompt_param)
+        transfer_id = None
+        if self.pd is not None and isinstance(prepared.pd_step, pd_params.RemoteDecode):
+            transfer_id = self.pd.new_transfer_id()
+        request = await self._submit(prepared, endpoint.prompt_param, transfer_id)
         parts: list[str] = []
         last: RequestOutput | None = None
         try:
@@ -298,4 +344,8 @@ class LocalEngine:
         finally:
             request.abort()
         response = ResponseBuilder(endpoint, prepared.model, len(prepared.prompt_ids))
-        return response.whole("".join(parts), last)
+        whole = response.whole("".join(parts), last)
+        if self.pd is not None and transfer_id is not None:
+            held = last.held_block_ids if last is not None else None
+            whole[pd_params.FIELD] = self.pd.answer(transfer_id, held)
+        return whole

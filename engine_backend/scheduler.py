@@ -82,6 +82,8 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not bm.can_allocate(seq, num_new):
+                if self._release_pins():
+                    continue
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
                 self._preempt(victim)
@@ -103,6 +105,9 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             bm.allocate(seq, num_new, hits)
+            if seq.pinned_blocks:  # its hits now hold their own references
+                bm.unpin(seq.pinned_blocks)
+                seq.pinned_blocks = []
             seq.num_computed_tokens = len(hits) * bm.block_size
             if seq.num_output_tokens == 0:  # a preempted request keeps its first count
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -133,6 +138,18 @@ class Scheduler:
                 best = (seq, hits)
         assert best is not None
         return best
+
+    def _release_pins(self) -> bool:
+        """Pulled KV pinned for waiting sequences yields to a running sequence that needs room:
+        the blocks stay cached (evictable), and a waiting sequence that loses them computes
+        its prompt itself. Returns whether any pin was dropped."""
+        released = False
+        for seq in self.waiting:
+            if seq.pinned_blocks:
+                self.block_manager.unpin(seq.pinned_blocks)
+                seq.pinned_blocks = []
+                released = True
+        return released
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

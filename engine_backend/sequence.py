@@ -49,6 +49,9 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         # Leading blocks of block_table already offered to the prefix cache.
         self.num_registered_blocks = 0
+        # Blocks held for this sequence before admission (KV pulled from a prefill server),
+        # so that nothing evicts them while it waits; released once it is admitted.
+        self.pinned_blocks: list[int] = []
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:

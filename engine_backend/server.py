@@ -1,7 +1,9 @@
 """The engine's own OpenAI-compatible HTTP server (Starlette + uvicorn).
 
 `firsttoken engine --model PATH | --demo` runs this: one process, one model, no gateway.
-Streams are written event by event as the engine produces them, never buffered.
+Streams are written event by event as the engine produces them, never buffered. `--role`
+makes it a prefill or decode server of a disaggregated deployment (engine_backend.pd);
+the default, `both`, takes either kind of PD request as well as ordinary ones.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from starlette.routing import Route
 from engine_backend.engine_thread import EngineClosedError, RequestFailedError
 from engine_backend.openai_api import EngineRequestError, LocalEngine
 from engine_backend.openai_response import CHAT, COMPLETIONS, Endpoint, error_body
+from engine_backend.pd.holds import KVHoldLimitError
+from engine_backend.pd.node import LOOPBACK_HOSTS, ROLES, PDConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ SSE_HEADERS = {
 SSE_DONE = b"data: [DONE]\n\n"
 
 # Errors from one request that the server answers (400, 500 or 503), never a crash.
-ENGINE_ERRORS = (EngineRequestError, EngineClosedError, RequestFailedError)
+ENGINE_ERRORS = (EngineRequestError, EngineClosedError, RequestFailedError, KVHoldLimitError)
 
 
 def error_response(
@@ -80,6 +84,8 @@ def engine_error_response(exc: Exception) -> Response:
         return error_response(
             503, "the engine is not running", type_="server_error", code="engine_closed"
         )
+    if isinstance(exc, KVHoldLimitError):  # the router serves it colocated instead
+        return error_response(503, str(exc), type_="server_error", code="kv_hold_limit")
     logger.error("request failed in the engine: %s", exc)
     return error_response(500, f"engine error: {exc}", type_="server_error")  # our own message
 
@@ -155,6 +161,15 @@ def create_app(local_engine: LocalEngine) -> Starlette:
             {"status": "ok" if running else "stopped"}, status_code=200 if running else 503
         )
 
+    async def pd_status(request: Request) -> Response:
+        node = local_engine.pd
+        if node is None:
+            return error_response(404, "prefill/decode separation is off", code="404")
+        try:
+            return JSONResponse(await local_engine.thread.call(node.status))
+        except EngineClosedError as e:
+            return engine_error_response(e)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)  # registered for HTTPException only
         return error_response(exc.status_code, exc.detail or "error", code=str(exc.status_code))
@@ -184,6 +199,7 @@ def create_app(local_engine: LocalEngine) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/healthz", health, methods=["GET"]),
+        Route("/pd/status", pd_status, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
@@ -222,8 +238,47 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never share prefix-cache blocks between API keys",
     )
+    pd = parser.add_argument_group("prefill/decode separation (vLLM's kv_transfer_params)")
+    pd.add_argument(
+        "--role",
+        choices=ROLES,
+        default="both",
+        help="prefill: hold prompts' KV for decode servers; decode: pull it; both: either",
+    )
+    pd.add_argument(
+        "--pd-host", default="127.0.0.1", help="the KV side channel's address (announced)"
+    )
+    pd.add_argument("--pd-port", type=int, default=0, help="the KV side channel's port (0: any)")
+    pd.add_argument(
+        "--pd-hold-s", type=float, default=30.0, help="free held KV nobody pulled after this"
+    )
+    pd.add_argument(
+        "--pd-max-held-blocks",
+        type=int,
+        default=None,
+        help="bound on KV blocks held for decode servers; past it, 503 (default: half the pool)",
+    )
+    pd.add_argument(
+        "--pd-pull-hosts",
+        default=",".join(LOOPBACK_HOSTS),
+        help="comma-separated hosts a decode server may pull KV from (default: loopback)",
+    )
+    pd.add_argument("--pd-pull-timeout-s", type=float, default=10.0)
     parser.add_argument("--log-level", default="info")
     return parser
+
+
+def pd_config(args: argparse.Namespace) -> PDConfig:
+    """The PD part of the command line (ValueError for a bad value)."""
+    return PDConfig(
+        role=args.role,
+        kv_host=args.pd_host,
+        kv_port=args.pd_port,
+        hold_s=args.pd_hold_s,
+        max_held_blocks=args.pd_max_held_blocks,
+        pull_hosts=tuple(h.strip() for h in args.pd_pull_hosts.split(",") if h.strip()),
+        pull_timeout_s=args.pd_pull_timeout_s,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model,
             demo=args.demo,
             isolate_tenants=args.isolate_tenants,
+            pd=pd_config(args),
             device=args.device,
             dtype=args.dtype,
             max_num_batched_tokens=args.max_num_batched_tokens,
