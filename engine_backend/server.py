@@ -4,6 +4,8 @@
 Streams are written event by event as the engine produces them, never buffered. `--role`
 makes it a prefill or decode server of a disaggregated deployment (engine_backend.pd);
 the default, `both`, takes either kind of PD request as well as ordinary ones.
+`--disaggregate` runs one prefill and N decode servers as child processes behind the gateway's
+`pd` route instead (engine_backend.disaggregate).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine_backend import disaggregate
 from engine_backend.engine_thread import EngineClosedError, RequestFailedError
 from engine_backend.openai_api import EngineRequestError, LocalEngine
 from engine_backend.openai_response import CHAT, COMPLETIONS, Endpoint, error_body
@@ -225,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: auto)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: one per core; with --disaggregate: each engine's, "
+        "default the cores split evenly among them)",
+    )
+    parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=None,
@@ -264,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated hosts a decode server may pull KV from (default: loopback)",
     )
     pd.add_argument("--pd-pull-timeout-s", type=float, default=10.0)
+    disaggregate.add_arguments(parser)
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -286,6 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    problem = disaggregate.check_arguments(args)
+    if problem is not None:
+        print(f"firsttoken engine: {problem}", file=sys.stderr)
+        return 2
+    if args.disaggregate:
+        return disaggregate.run(args)
+    if args.parent_pid is not None:
+        disaggregate.exit_with_parent(args.parent_pid)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         local_engine = LocalEngine.from_model(
             args.model,
