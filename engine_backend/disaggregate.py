@@ -7,7 +7,8 @@ own accelerator (`--devices`). In front of them, on `--port`, runs the gateway's
 this process: the same router that fronts vLLM or SGLang P/D pools, so this deployment is the
 bundled engine speaking vLLM's protocol, not a second implementation of it.
 
-This process supervises the engines: they start on free loopback ports; the router opens only
+This process supervises the engines (the rules in `gateway.supervision`, shared with
+`serve --workers`): they start on free loopback ports; the router opens only
 once each answers `/v1/models` (bounded by `--start-timeout-s`); an engine that dies is started
 again on its port (the router ejects it meanwhile and serves colocated, see `gateway.pd`), and
 one that keeps dying (`RESTART_LIMIT` times within `RESTART_WINDOW_S`) stops everything with
@@ -19,7 +20,6 @@ stops them in order) and stop by themselves if this process disappears (`exit_wi
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import json
 import logging
@@ -32,22 +32,18 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import FrameType
+from dataclasses import dataclass
 from typing import Any
+
+from gateway import supervision
+from gateway.supervision import Child, Restarts, StopSignals, stop_children
 
 logger = logging.getLogger(__name__)
 
 ROUTE_NAME = "pd"
-RESTART_LIMIT = 5  # deaths of one engine within RESTART_WINDOW_S that end the deployment
-RESTART_WINDOW_S = 60.0
-BACKOFF_S = 0.5  # before the first restart; doubles with each recent death
-MAX_BACKOFF_S = 8.0
 GRACE_S = 15.0  # for the router's in-flight requests, then for each engine, to stop
 ROUTER_START_S = 30.0
-POLL_S = 0.1
 PARENT_POLL_S = 0.5
-REFUSED = 2  # the engine server's status for a configuration it cannot serve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,13 +178,10 @@ def pd_route(specs: list[EngineSpec]) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Engine:
+@dataclass(kw_only=True)
+class Engine(Child):
     spec: EngineSpec
-    proc: subprocess.Popen[bytes] | None = None
     ready: bool = False  # this incarnation answered /v1/models
-    deaths: collections.deque[float] = field(default_factory=collections.deque)
-    restart_at: float | None = None
 
 
 class Deployment:
@@ -199,51 +192,35 @@ class Deployment:
         args: argparse.Namespace,
         specs: list[EngineSpec],
         *,
-        restart_limit: int = RESTART_LIMIT,
-        restart_window_s: float = RESTART_WINDOW_S,
-        backoff_s: float = BACKOFF_S,
+        restart_limit: int = supervision.RESTART_LIMIT,
+        restart_window_s: float = supervision.RESTART_WINDOW_S,
+        backoff_s: float = supervision.BACKOFF_S,
         grace_s: float = GRACE_S,
         command: Callable[[argparse.Namespace, EngineSpec, int], list[str]] | None = None,
     ) -> None:
         self.args = args
         self.command = command or engine_argv  # another for tests of the supervision alone
-        self.engines = [Engine(spec) for spec in specs]
-        self.restart_limit = restart_limit
-        self.restart_window_s = restart_window_s
-        self.backoff_s = backoff_s
+        self.engines = [Engine(spec=spec, label=f"the {spec.name} engine") for spec in specs]
+        self.restarts = Restarts(restart_limit, restart_window_s, backoff_s)
         self.grace_s = grace_s
-        self._stop_signal: int | None = None
-        self._force = False
+        self.signals = StopSignals()
         self._server: Any = None  # uvicorn.Server, once the router is started
         self._router: threading.Thread | None = None
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT (0), a crash loop or a router failure (1), or an engine
         refusing its configuration (2)."""
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            for engine in self.engines:
-                self._start(engine)
-            return self._supervise()
-        finally:
-            self._stop_router()
-            self._stop_engines()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with self.signals:
+            try:
+                for engine in self.engines:
+                    self._start(engine)
+                return self._supervise()
+            finally:
+                self._stop_router()
+                stop_children(self.engines, self.grace_s, logger, forced=lambda: self.signals.force)
 
     def pids(self) -> dict[str, int]:
-        return {
-            e.spec.name: e.proc.pid
-            for e in self.engines
-            if e.proc is not None and e.proc.poll() is None
-        }
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop_signal is not None:
-            self._force = True  # a second signal: no more grace
-        self._stop_signal = signum
+        return {e.spec.name: e.proc.pid for e in self.engines if e.proc is not None and e.alive()}
 
     def _start(self, engine: Engine) -> None:
         spec = engine.spec
@@ -253,7 +230,7 @@ class Deployment:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_package_root(), env.get("PYTHONPATH")) if p
         )
-        engine.restart_at, engine.ready = None, False
+        engine.ready = False
         engine.proc = subprocess.Popen(
             self.command(self.args, spec, os.getpid()),
             stdin=subprocess.DEVNULL,
@@ -272,21 +249,16 @@ class Deployment:
 
     def _supervise(self) -> int:
         deadline = time.monotonic() + self.args.start_timeout_s
-        while self._stop_signal is None:
+        while self.signals.signum is None:
             now = time.monotonic()
+            # Before the router is up a refusal is the command line's fault: every restart
+            # would refuse the same. After, it is one incarnation's, restarted like a crash.
+            status = self.restarts.tend(
+                self.engines, self._start, now, logger, refusal_ends=self._router is None
+            )
+            if status is not None:
+                return status
             for engine in self.engines:
-                proc = engine.proc
-                if proc is not None and proc.poll() is not None:
-                    engine.proc = None
-                    status = self._on_death(engine, proc, now)
-                    if status is not None:
-                        return status
-                if (
-                    engine.proc is None
-                    and engine.restart_at is not None
-                    and now >= engine.restart_at
-                ):
-                    self._start(engine)
                 if engine.proc is not None and not engine.ready and _answers(engine.spec):
                     engine.ready = True
                     if self._router is not None:
@@ -307,46 +279,9 @@ class Deployment:
             elif not self._router.is_alive():
                 logger.error("the router stopped; stopping the engines")
                 return 1
-            time.sleep(POLL_S)
-        logger.info(
-            "%s: stopping the router and the engines", signal.Signals(self._stop_signal).name
-        )
+            time.sleep(supervision.POLL_S)
+        logger.info("%s: stopping the router and the engines", self.signals.name)
         return 0
-
-    def _on_death(self, engine: Engine, proc: subprocess.Popen[bytes], now: float) -> int | None:
-        """Schedule a restart; a status to exit with when this death ends the deployment."""
-        name, status = engine.spec.name, proc.returncode
-        if status == REFUSED and self._router is None:
-            logger.error(
-                "the %s engine (pid %d) refused its configuration (see its message); stopping",
-                name,
-                proc.pid,
-            )
-            return REFUSED
-        engine.deaths.append(now)
-        while engine.deaths and engine.deaths[0] < now - self.restart_window_s:
-            engine.deaths.popleft()
-        recent = len(engine.deaths)
-        if recent > self.restart_limit:
-            logger.error(
-                "the %s engine died %d times within %.0f s (last: pid %d, %s); stopping",
-                name,
-                recent,
-                self.restart_window_s,
-                proc.pid,
-                describe_exit(status),
-            )
-            return 1
-        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (recent - 1))
-        logger.warning(
-            "the %s engine (pid %d) died (%s); starting it again in %.1f s",
-            name,
-            proc.pid,
-            describe_exit(status),
-            delay,
-        )
-        engine.restart_at = now + delay
-        return None
 
     def _start_router(self) -> int | None:
         """The gateway with the pd route, served by uvicorn in a thread (signals stay with the
@@ -364,7 +299,7 @@ class Deployment:
             )
         except SettingsError as e:
             logger.error("the router's settings: %s", e)
-            return REFUSED
+            return supervision.REFUSED
         config = server_config(
             create_app(settings),
             settings,
@@ -385,9 +320,9 @@ class Deployment:
             if not thread.is_alive() or time.monotonic() > deadline:
                 logger.error("the router could not start on %s:%d", self.args.host, self.args.port)
                 return 1
-            if self._stop_signal is not None:
+            if self.signals.signum is not None:
                 return None
-            time.sleep(POLL_S / 2)
+            time.sleep(supervision.POLL_S / 2)
         logger.info(
             "disaggregated serving on http://%s:%d/v1: prefill pid %s, decode pids %s",
             self.args.host,
@@ -402,29 +337,10 @@ class Deployment:
         if server is None or thread is None:
             return
         server.should_exit = True
-        thread.join(0 if self._force else self.grace_s + 5)
+        thread.join(0 if self.signals.force else self.grace_s + 5)
         if thread.is_alive():
             server.force_exit = True
             thread.join(5)
-
-    def _stop_engines(self) -> None:
-        """SIGTERM to each live engine by pid, a bounded wait, then SIGKILL to what is left."""
-        live = [e.proc for e in self.engines if e.proc is not None and e.proc.poll() is None]
-        for proc in live:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        while not self._force and time.monotonic() < deadline:
-            if all(proc.poll() is not None for proc in live):
-                break
-            time.sleep(POLL_S)
-        for proc in live:
-            if proc.poll() is None:
-                logger.warning("engine pid %d did not stop in time; killing it", proc.pid)
-                proc.kill()
-                proc.wait(10)
-        for engine in self.engines:
-            engine.proc = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -437,16 +353,14 @@ def run(args: argparse.Namespace) -> int:
 def exit_with_parent(parent_pid: int, grace_s: float = GRACE_S) -> None:
     """Stop this engine (SIGTERM to itself, then at once after `grace_s`) once `parent_pid` is
     no longer its parent: a supervisor killed outright would leave it serving nobody."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        logger.warning("the supervisor (pid %d) is gone; this engine stops", parent_pid)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    supervision.exit_with_parent(
+        parent_pid,
+        lambda: os.kill(os.getpid(), signal.SIGTERM),
+        logger,
+        what="engine",
+        grace_s=grace_s,
+        poll_s=PARENT_POLL_S,
+    )
 
 
 def free_ports(count: int) -> list[int]:
@@ -458,14 +372,6 @@ def free_ports(count: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(sock.getsockname()[1])
         return ports
-
-
-def describe_exit(status: int) -> str:
-    if status < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-status).name}"
-        return f"killed by signal {-status}"
-    return f"exit status {status}"
 
 
 def _answers(spec: EngineSpec) -> bool:

@@ -17,10 +17,11 @@ listening socket and every worker inherits it.
 uvicorn's own `workers` option is not used: it takes an import string and builds its own
 `Config`, which would drop the front-door protocol and its head limits (`gateway.server`).
 
-Supervision. A worker that dies is started again after a short backoff that doubles while it
-keeps dying; more than `RESTART_LIMIT` deaths of one worker within `RESTART_WINDOW_S` stop the
-server with an error (a crash loop is a bug or a broken host, not something to hide). A worker
-that refuses its configuration (exit 2) stops it at once. SIGTERM or SIGINT to the supervisor
+Supervision (the rules in `gateway.supervision`, shared with `engine --disaggregate`). A worker
+that dies is started again after a short backoff that doubles while it keeps dying; more than
+`RESTART_LIMIT` deaths of one worker within `RESTART_WINDOW_S` stop the server with an error (a
+crash loop is a bug or a broken host, not something to hide). A worker that refuses its
+configuration (exit 2) stops it at once. SIGTERM or SIGINT to the supervisor
 sends SIGTERM to each worker by pid, waits up to `GRACE_S` for open streams to finish, kills what
 is left, and exits 0; a second signal kills at once. Each worker watches the supervisor and
 shuts down if it disappears (even killed outright), so no worker is left holding the port.
@@ -36,34 +37,26 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from gateway import supervision
 from gateway.settings import Settings, SettingsError
+from gateway.supervision import Child, Restarts, StopSignals, stop_children
 
 log = logging.getLogger("firsttoken.workers")
 
 REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
-RESTART_LIMIT = 5  # deaths of one worker within the window that stop the server
-RESTART_WINDOW_S = 60.0
-BACKOFF_S = 0.5  # before the first restart; doubles per recent death
-MAX_BACKOFF_S = 8.0
 GRACE_S = 30.0  # for open streams to finish after SIGTERM, before SIGKILL
-POLL_S = 0.1
 PARENT_POLL_S = 1.0
-REFUSED = 2  # the exit status of `serve` when it refuses its configuration
 BACKLOG = 2048  # uvicorn's default
 
 
@@ -217,35 +210,17 @@ def quiet_warnings(logger: logging.Logger) -> Iterator[None]:
 def exit_with_parent(parent: int, shut_down: Callable[[], None], grace_s: float = GRACE_S) -> None:
     """Shut this worker down (gracefully, then at once after `grace_s`) if the supervisor goes
     away without stopping it, even killed outright: nobody would restart or stop it after."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        log.warning("the supervisor (pid %d) is gone; this worker stops", parent)
-        shut_down()
-        time.sleep(grace_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+    supervision.exit_with_parent(
+        parent, shut_down, log, what="worker", grace_s=grace_s, poll_s=PARENT_POLL_S
+    )
 
 
 # -- the supervisor ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Slot:
+@dataclass(kw_only=True)
+class _Slot(Child):
     index: int
-    proc: subprocess.Popen[bytes] | None = None
-    deaths: deque[float] = field(default_factory=deque)
-    restart_at: float | None = None
-
-
-def describe_exit(status: int) -> str:
-    if status < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-status).name}"
-        return f"killed by signal {-status}"
-    return f"exit status {status}"
 
 
 class Supervisor:
@@ -258,120 +233,45 @@ class Supervisor:
         count: int,
         *,
         pass_fds: Sequence[int] = (),
-        restart_limit: int = RESTART_LIMIT,
-        restart_window_s: float = RESTART_WINDOW_S,
-        backoff_s: float = BACKOFF_S,
+        restart_limit: int = supervision.RESTART_LIMIT,
+        restart_window_s: float = supervision.RESTART_WINDOW_S,
+        backoff_s: float = supervision.BACKOFF_S,
         grace_s: float = GRACE_S,
     ) -> None:
         self.command = command
-        self.slots = [_Slot(i) for i in range(1, count + 1)]
+        self.slots = [_Slot(index=i, label=f"worker {i}") for i in range(1, count + 1)]
         self.pass_fds = tuple(pass_fds)
-        self.restart_limit = restart_limit
-        self.restart_window_s = restart_window_s
-        self.backoff_s = backoff_s
+        self.restarts = Restarts(restart_limit, restart_window_s, backoff_s)
         self.grace_s = grace_s
-        self._stop_signal: int | None = None
-        self._force = False
+        self.signals = StopSignals()
 
     def run(self) -> int:
         """Serve until a signal (0), a crash loop (1) or a worker refusing its configuration (2)."""
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        status = 0
-        try:
-            for slot in self.slots:
-                self._start(slot)
-            status = self._supervise()
-        finally:
-            self._stop_all()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return status
+        with self.signals:
+            try:
+                for slot in self.slots:
+                    self._start(slot)
+                return self._supervise()
+            finally:
+                stop_children(self.slots, self.grace_s, log, forced=lambda: self.signals.force)
 
     def pids(self) -> list[int]:
-        return [s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None]
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop_signal is not None:
-            self._force = True
-        self._stop_signal = signum
+        return [s.proc.pid for s in self.slots if s.proc is not None and s.alive()]
 
     def _start(self, slot: _Slot) -> None:
-        slot.restart_at = None
         slot.proc = subprocess.Popen(
             self.command(slot.index), stdin=subprocess.DEVNULL, pass_fds=self.pass_fds
         )
         log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
 
     def _supervise(self) -> int:
-        while self._stop_signal is None:
-            now = time.monotonic()
-            for slot in self.slots:
-                proc = slot.proc
-                if proc is not None and proc.poll() is not None:
-                    status = proc.returncode
-                    slot.proc = None
-                    if status == REFUSED:
-                        log.error(
-                            "worker %d (pid %d) refused its configuration (see its message); "
-                            "stopping",
-                            slot.index,
-                            proc.pid,
-                        )
-                        return REFUSED
-                    if not self._schedule_restart(slot, now, proc.pid, status):
-                        return 1
-                if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
-                    self._start(slot)
-            time.sleep(POLL_S)
-        log.info("%s: stopping the workers", signal.Signals(self._stop_signal).name)
+        while self.signals.signum is None:
+            status = self.restarts.tend(self.slots, self._start, time.monotonic(), log)
+            if status is not None:
+                return status
+            time.sleep(supervision.POLL_S)
+        log.info("%s: stopping the workers", self.signals.name)
         return 0
-
-    def _schedule_restart(self, slot: _Slot, now: float, pid: int, status: int) -> bool:
-        """Note a death; False when it makes a crash loop."""
-        slot.deaths.append(now)
-        while slot.deaths and slot.deaths[0] < now - self.restart_window_s:
-            slot.deaths.popleft()
-        recent = len(slot.deaths)
-        if recent > self.restart_limit:
-            log.error(
-                "worker %d died %d times within %.0f s (last: pid %d, %s); stopping the server",
-                slot.index,
-                recent,
-                self.restart_window_s,
-                pid,
-                describe_exit(status),
-            )
-            return False
-        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (recent - 1))
-        log.warning(
-            "worker %d (pid %d) died (%s); starting it again in %.1f s",
-            slot.index,
-            pid,
-            describe_exit(status),
-            delay,
-        )
-        slot.restart_at = now + delay
-        return True
-
-    def _stop_all(self) -> None:
-        """SIGTERM to each live worker by pid, a bounded wait, then SIGKILL to what is left."""
-        live = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
-        for proc in live:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        while not self._force and time.monotonic() < deadline:
-            if all(proc.poll() is not None for proc in live):
-                break
-            time.sleep(POLL_S)
-        for proc in live:
-            if proc.poll() is None:
-                log.warning("worker pid %d did not stop in time; killing it", proc.pid)
-                proc.kill()
-                proc.wait(10)
-        for slot in self.slots:
-            slot.proc = None
 
 
 # -- `serve --workers N` -----------------------------------------------------------------------
