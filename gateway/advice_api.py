@@ -9,24 +9,19 @@ are made and what they estimate.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.advisor import advisor_for, bucket_of, tenant_advice
-from gateway.errors import GatewayError
-from gateway.metrics_api import _asked_tenant, _window
+from gateway.metrics_api import asked_tenant, json_answer, tenant_to_read, window_param
 from gateway.telemetry.store import ADVICE_BUCKET_S
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
-
-log = logging.getLogger("firsttoken.metrics")
 
 
 async def _tenant_answer(gateway: Gateway, tenant: str, window: int) -> dict:
@@ -41,38 +36,15 @@ def advice_endpoints(gateway: Gateway) -> list[Route]:
     advisor_for(gateway.telemetry).configure(gateway.settings.policy_options)
 
     async def cache_advice(request: Request) -> Response:
-        try:
-            window = _window(request)
-            asked = _asked_tenant(request)
-            if gateway.keys.is_admin(request):
-                tenant = asked or "default"
-            else:
-                tenant = gateway.keys.tenant_for(request)
-                if asked is not None and asked != tenant:
-                    raise GatewayError(
-                        403,
-                        "A tenant may read only its own cache advice.",
-                        param="tenant",
-                        code="forbidden_tenant",
-                    )
-            if tenant == "*":
-                tenants = await gateway.telemetry.known_tenants()
-                answers = [await _tenant_answer(gateway, t, window) for t in tenants]
-                answer: dict = {
-                    "window_s": window,
-                    "tenants": [a for a in answers if a["families"]],
-                }
-            else:
-                answer = await _tenant_answer(gateway, tenant, window)
-        except GatewayError as exc:
-            return exc.to_response()
-        except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
-            log.warning("cache advice unavailable: %s", type(exc).__name__)
-            return GatewayError(
-                503,
-                "The metrics store is unavailable; try again shortly.",
-                code="metrics_store_unavailable",
-            ).to_response()
-        return Response(orjson.dumps(answer), media_type="application/json")
+        async def read() -> dict:
+            window = window_param(request)
+            tenant, _ = tenant_to_read(gateway, request, asked_tenant(request), "cache advice")
+            if tenant != "*":
+                return await _tenant_answer(gateway, tenant, window)
+            tenants = await gateway.telemetry.known_tenants()
+            answers = [await _tenant_answer(gateway, t, window) for t in tenants]
+            return {"window_s": window, "tenants": [a for a in answers if a["families"]]}
+
+        return await json_answer(read, "cache advice")
 
     return [Route("/v1/metrics/cache-advice", cache_advice, methods=["GET"])]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -47,11 +48,11 @@ def _seconds(request: Request, name: str, default: str, low: int, high: int) -> 
     return int(raw)
 
 
-def _window(request: Request, low: int = 1) -> int:
+def window_param(request: Request, low: int = 1) -> int:
     return _seconds(request, "window", "3600", low, MAX_WINDOW_S)
 
 
-def _asked_tenant(request: Request) -> str | None:
+def asked_tenant(request: Request) -> str | None:
     asked = request.query_params.get("tenant")
     if asked is not None and not (0 < len(asked) <= MAX_TENANT_CHARS and asked.isprintable()):
         raise GatewayError(
@@ -82,7 +83,7 @@ def _route(request: Request) -> str | None:
 
 
 def _series_window(request: Request) -> tuple[int, int]:
-    window = _window(request, low=MIN_WINDOW_S)
+    window = window_param(request, low=MIN_WINDOW_S)
     step = _seconds(request, "step", "60", MIN_STEP_S, MAX_STEP_S)
     problem = series_problem(window, step)
     if problem is not None:
@@ -95,60 +96,68 @@ def _exposition(gateway: Gateway, gzipped: bool) -> tuple[bytes, str]:
     return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
 
 
-def _store_unavailable(exc: Exception) -> Response:
-    log.warning("metrics store unavailable: %s", type(exc).__name__)
-    return GatewayError(
-        503,
-        "The metrics store is unavailable; try again shortly.",
-        code="metrics_store_unavailable",
-    ).to_response()
+def tenant_to_read(
+    gateway: Gateway, request: Request, asked: str | None, what: str = "metrics"
+) -> tuple[str, bool]:
+    """(the tenant to read, whether the caller is an admin): a tenant only itself (a 403 for
+    another, never an empty success), an admin any tenant or `*` (`default` unless asked)."""
+    if gateway.keys.is_admin(request):
+        return asked or "default", True
+    tenant = gateway.keys.tenant_for(request)
+    if asked is not None and asked != tenant:
+        raise GatewayError(
+            403,
+            f"A tenant may read only its own {what}.",
+            param="tenant",
+            code="forbidden_tenant",
+        )
+    return tenant, False
+
+
+async def json_answer(
+    read: Callable[[], Awaitable[object]], what: str = "metrics store"
+) -> Response:
+    """`read()` as JSON; its GatewayError as itself; any other failure (the store down) as a
+    503, so that a failing store degrades the read endpoints only, never the proxy."""
+    try:
+        answer = await read()
+    except GatewayError as exc:
+        return exc.to_response()
+    except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
+        log.warning("%s unavailable: %s", what, type(exc).__name__)
+        return GatewayError(
+            503,
+            "The metrics store is unavailable; try again shortly.",
+            code="metrics_store_unavailable",
+        ).to_response()
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 def metrics_endpoints(gateway: Gateway) -> list[Route]:
-    def reader(request: Request, asked: str | None) -> tuple[str, bool]:
-        """(the tenant to read, whether the caller is an admin): a tenant only itself (403 for
-        another), an admin any tenant or `*`."""
-        if gateway.keys.is_admin(request):
-            return asked or "default", True
-        tenant = gateway.keys.tenant_for(request)
-        if asked is not None and asked != tenant:
-            raise GatewayError(
-                403,
-                "A tenant may read only its own metrics.",
-                param="tenant",
-                code="forbidden_tenant",
-            )
-        return tenant, False
-
     async def ttft(request: Request) -> Response:
-        try:
-            window = _window(request)
-            asked = _asked_tenant(request)
+        async def read() -> dict:
+            window = window_param(request)
+            asked = asked_tenant(request)
             api = _api(request)
-            tenant, admin = reader(request, asked)
+            tenant, admin = tenant_to_read(gateway, request, asked)
             report = await gateway.telemetry.report(tenant, window, api)
             if gateway.fleets and (admin or gateway.keys.open):
                 # Fleet-wide (every tenant's requests): for operators only.
                 report["replicas"] = gateway.fleet_states()
-        except GatewayError as exc:
-            return exc.to_response()
-        except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
-            return _store_unavailable(exc)
-        return Response(orjson.dumps(report), media_type="application/json")
+            return report
+
+        return await json_answer(read)
 
     async def ttft_series(request: Request) -> Response:
-        try:
+        async def read() -> dict:
             window, step = _series_window(request)
-            asked = _asked_tenant(request)
+            asked = asked_tenant(request)
             api = _api(request)
             route = _route(request)
-            tenant, _ = reader(request, asked)
-            series = await gateway.telemetry.series(tenant, window, step, route, api)
-        except GatewayError as exc:
-            return exc.to_response()
-        except Exception as exc:  # noqa: BLE001  # a failing store degrades this endpoint only
-            return _store_unavailable(exc)
-        return Response(orjson.dumps(series), media_type="application/json")
+            tenant, _ = tenant_to_read(gateway, request, asked)
+            return await gateway.telemetry.series(tenant, window, step, route, api)
+
+        return await json_answer(read)
 
     async def prometheus(request: Request) -> Response:
         if not gateway.keys.open and not gateway.keys.is_admin(request):
