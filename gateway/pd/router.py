@@ -4,7 +4,7 @@ Each request is prefilled on the prefill server most likely to hold its prefix (
 affinity as replicated routes: a prefill server's cache is what saves compute), then decoded on
 the least loaded decode server (decode is memory-bound: what matters there is how many streams
 share it). Both pools eject a server that fails (5xx, 429, timeouts, broken connections) and
-probe it back, as `gateway.replicas.fleet` does.
+probe it back (`gateway.replicas.pool.ServerPool`, as on replicated routes).
 
 PD is an optimisation, never a new way to fail: when the prefill step fails, times out, answers
 503 (a prefill server out of room for held blocks) or gives no usable `kv_transfer_params`, or
@@ -20,22 +20,26 @@ decode server's time to first content are kept apart, per server and per route (
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from gateway.pd.wire import decode_body, kv_params_from, prefill_body
-from gateway.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
-from gateway.replicas.fleet import PROBE_LIMIT_BYTES, PROBE_TIMEOUT_S, Member, ReplicaStats
-from gateway.replicas.health import HealthPolicy, ReplicaHealth
-from gateway.replicas.prefix_index import PrefixIndex, prefix_blocks, prompt_text
-from gateway.replicas.server_load import MAX_METRICS_BYTES, parse_server_load
-from gateway.routes import Replica, Route, pool_names
+from gateway.replicas.balancer import Choice
+from gateway.replicas.pool import (
+    Member,
+    MemberStream,
+    ReplicaStats,
+    ServerPool,
+    first_model_cards,
+    mean_ms,
+)
+from gateway.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.routes import Route
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -128,101 +132,43 @@ class PDUpstream:
             raise ValueError(f"route {route.name!r} has no pd pools")
         self.route = route
         self.pd = route.pd
-        policy = HealthPolicy(base_eject_s=route.eject_s, max_eject_s=route.max_eject_s)
-        self.prefill = _pool(route, self.pd.prefill, prefill, policy)
-        self.decode = _pool(route, self.pd.decode, decode, policy)
+        self.prefill = ServerPool(
+            route, self.pd.prefill, prefill, "prefix_affinity", "prefill/", PDServerStats
+        )
+        self.decode = ServerPool(
+            route, self.pd.decode, decode, "least_loaded", "decode/", PDServerStats
+        )
         # One namespace for both pools ("prefill/<name>", "decode/<name>"): the shape
         # `FleetCollector`, `/readyz` and `SharedPlacements` read from a replicated route.
-        self.members: dict[str, Member] = {
-            **{f"prefill/{name}": m for name, m in self.prefill.items()},
-            **{f"decode/{name}": m for name, m in self.decode.items()},
-        }
-        self.prefill_balancer = Balancer(
-            [m.state for m in self.prefill.values()], BalanceOptions(mode="prefix_affinity")
-        )
-        self.decode_balancer = Balancer(
-            [m.state for m in self.decode.values()], BalanceOptions(mode="least_loaded")
-        )
+        self.members: dict[str, Member] = {**self.prefill.named(), **self.decode.named()}
         self.stats = PDStats()
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.on_request: Callable[[PDTiming], None] | None = None
-        self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await asyncio.gather(*(m.upstream.start() for m in self.members.values()))
-        self._tasks = [asyncio.ensure_future(self._probe_loop())]
-        if self.route.load_metrics is not None:
-            self._tasks.append(asyncio.ensure_future(self._load_loop(self.route.load_metrics)))
+        await asyncio.gather(self.prefill.start(), self.decode.start())
 
     async def warm_up(self) -> None:
-        await asyncio.gather(
-            *(m.upstream.warm_up() for m in self.members.values()), return_exceptions=True
-        )
+        await asyncio.gather(self.prefill.warm_up(), self.decode.warm_up())
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(
-            *(m.upstream.aclose() for m in self.members.values()), return_exceptions=True
-        )
-
-    async def _probe_loop(self) -> None:
-        """Every `probe_interval_s`, a `GET /models` to each ejected server of either pool; an
-        answer brings it back before its backoff ends."""
-        while True:
-            await asyncio.sleep(self.route.probe_interval_s)
-            now = time.monotonic()
-            ejected = [(n, m) for n, m in self.members.items() if not m.state.health.healthy(now)]
-            answers = await asyncio.gather(
-                *(
-                    m.upstream.http.get_json("/models", PROBE_TIMEOUT_S, PROBE_LIMIT_BYTES)
-                    for _, m in ejected
-                ),
-                return_exceptions=True,
-            )
-            for (name, member), answer in zip(ejected, answers, strict=True):
-                if answer is not None and not isinstance(answer, BaseException):
-                    member.state.health.probe_ok(time.monotonic())
-                    log.info("route %s: %s is back", self.route.name, name)
-
-    async def _load_loop(self, kind: str) -> None:
-        """Every `load_interval_s`, each server's queue and KV cache usage from its `/metrics`
-        (what least-loaded decode and the prefill cost function weigh)."""
-        while True:
-            await asyncio.sleep(self.route.load_interval_s)
-            members = list(self.members.values())
-            texts = await asyncio.gather(
-                *(
-                    m.upstream.http.get_origin_text("/metrics", PROBE_TIMEOUT_S, MAX_METRICS_BYTES)
-                    for m in members
-                ),
-                return_exceptions=True,
-            )
-            for member, text in zip(members, texts, strict=True):
-                state = member.state
-                if isinstance(text, str):
-                    load = parse_server_load(text, kind)
-                    state.queue, state.kv_usage = load.queue, load.kv_usage
-                else:
-                    state.queue = state.kv_usage = None
+        await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
     # -- what the proxy calls ---------------------------------------------------------------
 
     async def model_cards(self) -> list[ModelCard]:
-        for member in _by_health([*self.decode.values(), *self.prefill.values()]):
-            cards = await member.upstream.model_cards()
-            if cards:
-                return cards
-        return []
+        return await first_model_cards(
+            [*self.decode.members.values(), *self.prefill.members.values()]
+        )
 
     async def forward(
         self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
     ) -> aiohttp.ClientResponse:
         """Passthrough paths go to the first healthy decode server in the configured order
         (decode servers are the ones that answer clients)."""
-        member = _by_health(list(self.decode.values()))[0]
+        member = self.decode.by_health()[0]
         return await member.upstream.forward(method, path, headers, data)
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
@@ -246,32 +192,32 @@ class PDUpstream:
         self.stats.requests += 1
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
         blocks = prefix_blocks(prompt_text(body), seed)
-        choice = self.prefill_balancer.choose(blocks, time.monotonic())
+        choice = self.prefill.choose(blocks)
         if choice.reason == "only_unhealthy":
             # Every prefill server failed recently: waiting on one again would only delay the
             # colocated answer. The probe or the end of a backoff brings them back.
             return self._colocated(None, "no_prefill_server")
         name = choice.replica.name
-        member = self.prefill[name]
-        self._prefill_sent(member, choice, blocks)
+        member = self.prefill.sent(choice, blocks, self.placements)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.pd.prefill_timeout_s):
                 result = await member.upstream.complete(prefill_body(body), ctx)
         except TimeoutError:
-            self._failed(member, UpstreamError("prefill timed out", status=504))
+            self.prefill.ended(member, UpstreamError("prefill timed out", status=504))
             return self._colocated(name, "prefill_timeout")
         except UpstreamError as exc:
-            self._failed(member, exc)
+            self.prefill.ended(member, exc)
             busy = exc.status == 503 and exc.body is not None  # an answer, not a lost connection
             return self._colocated(name, "prefill_busy" if busy else "prefill_error")
         except Exception as exc:  # noqa: BLE001  # a body cut short: this server broke, not the request
-            self._failed(member, exc)
+            self.prefill.ended(member, exc)
             return self._colocated(name, "prefill_error")
-        finally:
-            self.prefill_balancer.done(choice.replica)
+        except BaseException:
+            self.prefill.balancer.done(member.state)
+            raise
         answered = time.perf_counter()
-        member.state.health.succeeded(time.monotonic())
+        self.prefill.ended(member, None)
         params = kv_params_from(result.body)
         if params is None:
             log.warning(
@@ -282,19 +228,10 @@ class PDUpstream:
             )
             return self._colocated(name, "no_kv_params")
         seconds = answered - started
-        member.stats.ttft_sum_s += seconds
-        member.stats.ttft_count += 1
+        self.prefill.note_ttft(member, seconds)
         self.stats.prefill_sum_s += seconds
         self.stats.prefill_count += 1
         return Handoff(params, name, None, answered, seconds)
-
-    def _prefill_sent(self, member: Member, choice: Choice, blocks: list[bytes]) -> None:
-        member.stats.requests += 1
-        if choice.reason == "affinity":
-            member.stats.affinity_hits += 1
-        self.prefill_balancer.sent(choice, blocks)
-        if self.placements is not None and blocks:
-            self.placements.placed(self.route.name, f"prefill/{choice.replica.name}", blocks)
 
     def _colocated(self, prefill_server: str | None, reason: str) -> Handoff:
         self.stats.colocated[reason] += 1
@@ -302,7 +239,7 @@ class PDUpstream:
 
     # -- step 3: decode ---------------------------------------------------------------------
 
-    async def _decode(self, handoff: Handoff, call: Callable[[Member, Handoff], Awaitable[T]]) -> T:
+    async def _decode(self, handoff: Handoff, call: Callable[[Choice, Handoff], Awaitable[T]]) -> T:
         """`call` on the least loaded decode server; a failure of a request that carried
         kv_transfer_params is tried once more, colocated, on another server if there is one."""
         first = self._choose_decode(frozenset())
@@ -314,95 +251,70 @@ class PDUpstream:
             log.info(
                 "route %s: decode server %s failed a remote prefill (%s); decoding colocated",
                 self.route.name,
-                first.state.name,
+                first.replica.name,
                 exc.status,
             )
         colocated = self._colocated(handoff.prefill_server, "handoff_failed")
-        return await call(self._choose_decode(frozenset({first.state.name})), colocated)
+        return await call(self._choose_decode(frozenset({first.replica.name})), colocated)
 
-    def _choose_decode(self, exclude: frozenset[str]) -> Member:
-        now = time.monotonic()
+    def _choose_decode(self, exclude: frozenset[str]) -> Choice:
         try:
-            choice = self.decode_balancer.choose([], now, exclude)
+            return self.decode.choose([], exclude)
         except LookupError:  # a one-server pool: the same server again
-            choice = self.decode_balancer.choose([], now)
-        return self.decode[choice.replica.name]
+            return self.decode.choose([])
 
-    def _decode_sent(self, member: Member) -> float:
-        member.stats.requests += 1
-        member.state.in_flight += 1  # what `Balancer.sent` does; decode keeps no prefix index
-        return time.perf_counter()
-
-    def _decode_opened(self, member: Member, handoff: Handoff, sent: float) -> float | None:
-        """The decode server took the request: count the handoff (answer -> decode sent)."""
+    async def _on_decode(
+        self,
+        choice: Choice,
+        handoff: Handoff,
+        send: Callable[[Member, UpstreamBody], Awaitable[T]],
+        body: UpstreamBody,
+    ) -> tuple[Member, T, float, float | None]:
+        """`send` the decode step to `choice`: the server, its answer, when it was sent
+        (perf_counter) and the handoff's seconds (prefill answer to decode request sent)."""
+        member = self.decode.sent(choice, [], None)
+        sent = time.perf_counter()
+        # With kv_transfer_params, a decode server that answered an error may be failing to
+        # pull from the prefill server: not its own fault, unless it did not answer at all.
+        result = await self.decode.attempt(
+            member,
+            send(member, decode_body(body, handoff.params)),
+            lambda exc: handoff.params is None or exc.body is None,
+        )
         if handoff.params is None:
-            return None
+            return member, result, sent, None
         assert isinstance(member.stats, PDServerStats)
         member.stats.remote_prefills += 1
         seconds = sent - handoff.answered
         self.stats.handoff_sum_s += seconds
         self.stats.handoff_count += 1
-        return seconds
-
-    def _decode_failed(self, member: Member, handoff: Handoff, exc: UpstreamError) -> None:
-        """With kv_transfer_params, a decode server that answered an error may be failing to
-        pull from the prefill server: not its own fault, unless it did not answer at all."""
-        self.decode_balancer.done(member.state)
-        if handoff.params is None or exc.body is None:
-            self._failed(member, exc)
+        return member, result, sent, seconds
 
     async def _stream_on(
-        self, member: Member, body: UpstreamBody, ctx: CallContext, handoff: Handoff, began: float
+        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff, began: float
     ) -> PDStream:
-        sent = self._decode_sent(member)
-        try:
-            stream = await member.upstream.open_stream(decode_body(body, handoff.params), ctx)
-        except UpstreamError as exc:
-            self._decode_failed(member, handoff, exc)
-            raise
-        except BaseException:
-            self.decode_balancer.done(member.state)
-            raise
-        handoff_s = self._decode_opened(member, handoff, sent)
+        member, stream, sent, handoff_s = await self._on_decode(
+            choice, handoff, lambda m, b: m.upstream.open_stream(b, ctx), body
+        )
         return PDStream(stream, self, member, ctx.request_id, handoff, handoff_s, sent, began)
 
     async def _complete_on(
-        self, member: Member, body: UpstreamBody, ctx: CallContext, handoff: Handoff
+        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff
     ) -> Completed:
-        sent = self._decode_sent(member)
-        try:
-            result = await member.upstream.complete(decode_body(body, handoff.params), ctx)
-        except UpstreamError as exc:
-            self._decode_failed(member, handoff, exc)
-            raise
-        except BaseException:
-            self.decode_balancer.done(member.state)
-            raise
-        self.decode_balancer.done(member.state)
-        member.state.health.succeeded(time.monotonic())
-        handoff_s = self._decode_opened(member, handoff, sent)
+        member, result, _, handoff_s = await self._on_decode(
+            choice, handoff, lambda m, b: m.upstream.complete(b, ctx), body
+        )
+        self.decode.ended(member, None)
         self._report(ctx.request_id, member, handoff, handoff_s, None, failed=False)
         return result
 
-    def _failed(self, member: Member, exc: BaseException) -> None:
-        """A 5xx, a 429, a timeout or a broken connection ejects; a 4xx is the request's own."""
-        status = getattr(exc, "status", 502)
-        if status >= 500 or status == 429:
-            member.stats.errors += 1
-            member.state.health.failed(time.monotonic())
-
     def note_first_content(self, member: Member, seconds: float) -> None:
-        member.stats.ttft_sum_s += seconds
-        member.stats.ttft_count += 1
+        self.decode.note_ttft(member, seconds)
         self.stats.decode_ttft_sum_s += seconds
         self.stats.decode_ttft_count += 1
 
     def note_end(self, member: Member, failed: BaseException | None) -> None:
-        self.decode_balancer.done(member.state)
-        if failed is not None:
-            self._failed(member, failed)
-        else:
-            member.state.health.succeeded(time.monotonic())
+        self.decode.ended(member, failed)
 
     def _report(
         self,
@@ -437,8 +349,8 @@ class PDUpstream:
         a replicated route's shape (names `prefill/<name>`, `decode/<name>`) for the readers of
         that shape (`FleetCollector`, `/readyz`)."""
         now = time.monotonic()
-        prefill = [_server(name, m, now, "prefill") for name, m in self.prefill.items()]
-        decode = [_server(name, m, now, "decode") for name, m in self.decode.items()]
+        prefill = self.prefill.rows(now, role="prefill")
+        decode = self.decode.rows(now, role="decode")
         s = self.stats
         return {
             "mode": "pd",
@@ -448,9 +360,9 @@ class PDUpstream:
                 "requests": s.requests,
                 "colocated_fallbacks": sum(s.colocated.values()),
                 "colocated_by_reason": dict(s.colocated),
-                "prefill_ms_mean": _mean_ms(s.prefill_sum_s, s.prefill_count),
-                "handoff_ms_mean": _mean_ms(s.handoff_sum_s, s.handoff_count),
-                "decode_ttft_ms_mean": _mean_ms(s.decode_ttft_sum_s, s.decode_ttft_count),
+                "prefill_ms_mean": mean_ms(s.prefill_sum_s, s.prefill_count),
+                "handoff_ms_mean": mean_ms(s.handoff_sum_s, s.handoff_count),
+                "decode_ttft_ms_mean": mean_ms(s.decode_ttft_sum_s, s.decode_ttft_count),
                 "prefill_count": s.prefill_count,
                 "handoff_count": s.handoff_count,
                 "decode_ttft_count": s.decode_ttft_count,
@@ -463,9 +375,10 @@ class PDUpstream:
         }
 
 
-class PDStream:
+class PDStream(MemberStream):
     """A decode server's event stream that tells the router its first content and its end
-    (once), and reports the request's steps at the end."""
+    (once), and reports the request's steps at the end. Its first-token timeout counts from
+    when the request reached the route (`began`, monotonic: prefill included)."""
 
     def __init__(
         self,
@@ -478,18 +391,13 @@ class PDStream:
         sent: float,
         began: float,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner, member, router.route.first_token_timeout_s, began)
         self._router = router
-        self._member = member
         self._request_id = request_id
         self._handoff = handoff
         self._handoff_s = handoff_s
         self._sent = sent  # perf_counter: decode request sent
-        self._began = began  # monotonic: the request reached this route (prefill included)
         self._ttft: float | None = None
-        self._first_seen = False
-        self._ended = False
-        self.relayed = getattr(inner, "relayed", None)
 
     def _saw(self, batch: list[OutEvent]) -> None:
         for event in batch:
@@ -503,23 +411,7 @@ class PDStream:
                 self._first_seen = True  # no first-token timeout applies past this point
                 return
 
-    async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        failure: BaseException | None = None
-        try:
-            async for batch in self._inner:
-                if not self._first_seen:
-                    self._saw(batch)
-                yield batch
-        except Exception as exc:  # an UpstreamError, aiohttp's payload errors: the server broke
-            failure = exc
-            raise
-        finally:
-            self._end(failure or self._timed_out())
-
-    def _end(self, failure: BaseException | None) -> None:
-        if self._ended:
-            return
-        self._ended = True
+    def _finish(self, failure: BaseException | None) -> None:
         self._router.note_end(self._member, failure)
         self._router._report(
             self._request_id,
@@ -529,19 +421,6 @@ class PDStream:
             self._ttft,
             failure is not None,
         )
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._inner.aclose()
-        self._end(self._timed_out())
-
-    def _timed_out(self) -> UpstreamError | None:
-        """Closed without a first event once the route's first-token timeout had passed: the
-        proxy gave up on this decode server, which counts as its failure."""
-        limit = self._router.route.first_token_timeout_s
-        if self._first_seen or limit is None or time.monotonic() - self._began < 0.95 * limit:
-            return None
-        return UpstreamError("no first token in time", status=504)
 
 
 async def _prepared(body: UpstreamBody, ctx: CallContext) -> tuple[UpstreamBody, CallContext]:
@@ -553,51 +432,3 @@ async def _prepared(body: UpstreamBody, ctx: CallContext) -> tuple[UpstreamBody,
         body = await asyncio.to_thread(orjson.loads, body.encoded)
     headers = {**ctx.forward_headers, "x-request-id": ctx.request_id}
     return body, replace(ctx, forward_headers=headers)
-
-
-def _pool(
-    route: Route,
-    replicas: Sequence[Replica],
-    upstreams: Sequence[OpenAIUpstream],
-    policy: HealthPolicy,
-) -> dict[str, Member]:
-    members = {}
-    for name, replica, upstream in zip(pool_names(replicas), replicas, upstreams, strict=True):
-        state = ReplicaState(
-            name=name,
-            weight=replica.weight,
-            index=PrefixIndex(route.affinity_index_bytes),
-            health=ReplicaHealth(policy),
-        )
-        members[name] = Member(upstream, state, PDServerStats())
-    return members
-
-
-def _by_health(members: list[Member]) -> list[Member]:
-    now = time.monotonic()
-    return sorted(members, key=lambda m: not m.state.health.healthy(now))
-
-
-def _mean_ms(total_s: float, count: int) -> float | None:
-    return round(1000 * total_s / count, 3) if count else None
-
-
-def _server(name: str, member: Member, now: float, role: str) -> dict[str, Any]:
-    state, stats = member.state, member.stats
-    assert isinstance(stats, PDServerStats)
-    mean = _mean_ms(stats.ttft_sum_s, stats.ttft_count)
-    return {
-        "name": name,
-        "role": role,
-        "state": state.health.state(now),
-        "in_flight": state.in_flight,
-        "queue": state.queue,
-        "kv_usage": state.kv_usage,
-        "ejections": state.health.ejections,
-        "requests": stats.requests,
-        "affinity_hits": stats.affinity_hits,
-        "errors": stats.errors,
-        "remote_prefills": stats.remote_prefills,
-        # prefill: the prefill step's latency; decode: time to first content
-        "upstream_ttft_mean_ms": mean,
-    }
