@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_backend.demo import RandomModelSpec, build_demo_model
+from engine_backend.demo import build_demo_model
+from tests.support.tiny_model import tiny_spec
 
-TINY_SPEC = RandomModelSpec(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=1024,
-    seed=7,
-)
+TINY_SPEC = tiny_spec(seed=7)
 
 
 @pytest.fixture(scope="session")

@@ -10,28 +10,18 @@ import httpx
 import openai
 import pytest
 
-from engine_backend.demo import RandomModelSpec, write_random_model
 from gateway.settings import Settings
 from tests.support.clients import sdk_client
 from tests.support.gateway import GatewayThread, capture_events, wait_for
+from tests.support.tiny_model import tiny_spec, write_tiny_model
 
-TINY = RandomModelSpec(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=2048,
-    tokenizer_vocab_size=300,
-)
+TINY = tiny_spec(max_position_embeddings=2048, tokenizer_vocab_size=300)
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    write_random_model(str(path), TINY)
-    return str(path)
+    return write_tiny_model(tmp_path_factory, "tiny-llama", TINY)
 
 
 def local_route(path: str) -> dict:

@@ -25,29 +25,18 @@ import pytest
 
 from bench.harness import ROOT, free_port, wait_http
 from engine_backend import disaggregate
-from engine_backend.demo import RandomModelSpec, write_random_model
 from engine_backend.server import build_parser
 from engine_backend.server import main as engine_main
+from tests.support.tiny_model import tiny_spec, write_tiny_model
 
 BLOCK = 4
 ENGINE_FLAGS = ["--block-size", str(BLOCK), "--num-blocks", "128", "--threads", "1"]
 SYSTEM = " ".join(f"rule {i}: keep answers short and cite sources." for i in range(6))
-SPEC = RandomModelSpec(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=1024,
-    seed=21,
-)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("pd-engines-model")
-    write_random_model(str(path), SPEC)
-    return str(path)
+    return write_tiny_model(tmp_path_factory, "pd-engines-model", tiny_spec(seed=21))
 
 
 class Engine:
