@@ -195,12 +195,13 @@ class BlockManager:
     ) -> tuple[list[int], list[tuple[int, int]]] | None:
         """Pin blocks for `seq`'s first `num_blocks` full blocks so that its admission finds
         them all as prefix-cache hits: blocks already cached are reused, the others are
-        taken from the free queue and named under `seq`'s hash chain (its salt included).
+        taken from the free queue, unnamed until `name_block` says their KV is in place (so no
+        other request can hit a block that is still being filled).
 
         Returns (the pinned block ids in order, (block index, block id) of each fresh block,
-        which the caller must fill with KV before the next step), or None when the pool has
-        too few free blocks (nothing changed then). The caller keeps the pins in
-        `seq.pinned_blocks`; the scheduler drops them at admission or finish.
+        which the caller fills with KV and then names), or None when the pool has too few
+        free blocks (nothing changed then). The caller keeps the pins in `seq.pinned_blocks`;
+        the scheduler drops them at admission or finish.
         """
         if not self.enable_prefix_caching or num_blocks <= 0:
             return None
@@ -223,27 +224,24 @@ class BlockManager:
         for i, cached in enumerate(plan):
             if cached is None:
                 cached = self._take_free_block()
-                block = self.blocks[cached]
-                block.block_hash = hashes[i]
-                block.token_ids = tuple(seq.token_ids[i * size : (i + 1) * size])
-                self.cached_blocks[hashes[i]] = cached
                 fresh.append((i, cached))
             pinned.append(cached)
         return pinned, fresh
 
-    def release_claim(self, pinned: list[int], fresh: list[tuple[int, int]]) -> None:
-        """Undo `claim_prefix` when the fresh blocks could not be filled: they lose their
-        names (their contents are not what the names say) and every pin is dropped."""
-        for _, block_id in fresh:
-            block = self.blocks[block_id]
-            if (
-                block.block_hash is not None
-                and self.cached_blocks.get(block.block_hash) == block_id
-            ):
-                del self.cached_blocks[block.block_hash]
-            block.block_hash = None
-            block.token_ids = None
-        self.unpin(pinned)
+    def name_block(self, seq: Sequence, index: int, block_id: int) -> None:
+        """Publish a claimed block, now holding the KV of `seq`'s block `index`, under `seq`'s
+        hash chain. If an identical block took that name meanwhile, this one stays unnamed
+        (and is freed with the pins): the sequence's admission finds the other."""
+        if not self.enable_prefix_caching:
+            return
+        block_hash = self._ensure_hashes(seq, index + 1)[index]
+        if block_hash in self.cached_blocks:
+            return
+        size = self.block_size
+        block = self.blocks[block_id]
+        block.block_hash = block_hash
+        block.token_ids = tuple(seq.token_ids[index * size : (index + 1) * size])
+        self.cached_blocks[block_hash] = block_id
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (blocks in use keep their data, just not their names)."""

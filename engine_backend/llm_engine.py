@@ -1,7 +1,8 @@
 """The synchronous engine: requests in, one scheduled step at a time, tokens out.
 
-`step()` schedules (decodes first, then prompt chunks), runs one forward over all
-of it, samples, and reports per request. A request whose row cannot be sampled fails
+`step()` copies a bounded slice of any pulled KV into the pool, schedules (decodes
+first, then prompt chunks), runs one forward over all of it, samples, and reports
+per request. A request whose row cannot be sampled fails
 alone (its output carries the error); the others in the step go on. It is
 single-threaded by design; the async front owns the thread that calls it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +22,20 @@ from engine_backend.checkpoint import load_eos_token_ids, load_hf_config, load_m
 from engine_backend.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from engine_backend.model_runner import ModelRunner, kv_bytes_per_block
 from engine_backend.pd.holds import KVHolds, num_transfer_blocks
-from engine_backend.pd.kv_blocks import KVBlocks, read_blocks, write_blocks
+from engine_backend.pd.kv_blocks import KVBlocks, block_shape, read_blocks, write_block
 from engine_backend.sampling import Sampler, SamplingParams
 from engine_backend.scheduler import Scheduler
-from engine_backend.sequence import Sequence
+from engine_backend.sequence import Sequence, SequenceStatus
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 logger = logging.getLogger(__name__)
+
+# Pulled KV is copied into the pool at most this many bytes per step (at least one block),
+# before the step's batch runs: a long prompt's handover (a 4,096-token prompt of the bench's
+# model is 64 MiB, ~90 ms to copy on one CPU core) then delays each step of the requests
+# already decoding by one slice (~1-2 ms per MiB on a CPU core, far less on a GPU) instead
+# of stalling one step for the whole copy.
+IMPORT_BYTES_PER_STEP = 4 * 1024 * 1024
 
 
 def _model_context_length(hf_config: dict) -> int:
@@ -53,6 +62,15 @@ class StepOutput:
     error: str | None = None  # set when this request failed alone (finish_reason "error")
     # Prefill role: the blocks pinned for a decode server when the request finished.
     held_block_ids: list[int] | None = None
+
+
+@dataclass
+class _Import:
+    """Pulled KV on its way into a sequence's pinned blocks, a slice per step."""
+
+    seq: Sequence
+    kv: torch.Tensor  # [blocks, 2, layers, block_size, kv_heads, head_dim], on the CPU
+    fresh: deque[tuple[int, int]]  # (block index, block id) still to copy, in prompt order
 
 
 class LLMEngine:
@@ -107,6 +125,8 @@ class LLMEngine:
         # bounded by half the pool unless configured; the transfer id of each request asking.
         self.kv_holds = KVHolds(self.block_manager, max(1, num_blocks // 2), hold_s=30.0)
         self._kv_hold_ids: dict[str, str] = {}
+        # Decode role: imports in progress, oldest first (their sequences are `importing`).
+        self._imports: dict[str, _Import] = {}
 
     def _blocks_that_fit(self, config: EngineConfig, block_bytes: int) -> int:
         if config.kv_cache_bytes is not None:
@@ -139,9 +159,11 @@ class LLMEngine:
         `kv_hold_id` (prefill role): when the request finishes, pin its prompt's full blocks
         under that transfer id (KVHoldLimitError now if that would pass the bound).
         `kv_import` (decode role): KV pulled from a prefill server for the prompt's leading
-        blocks; the blocks that match the prompt's tokens enter the pool and the prefix cache
-        and are pinned until the request is admitted, which then finds them as hits.
-        Returns how many prompt tokens' KV was imported (0 when it could not be used).
+        blocks; when they match the prompt's tokens, blocks are pinned for them now and the
+        KV is copied in over the next steps (IMPORT_BYTES_PER_STEP each), each block entering
+        the prefix cache once filled; the request is queued when the copy is complete, and
+        its admission then finds them all as hits.
+        Returns how many prompt tokens' KV is imported (0 when it could not be used).
         """
         if not prompt_token_ids:
             raise ValueError("prompt is empty")
@@ -163,37 +185,68 @@ class LLMEngine:
             blocks = num_transfer_blocks(len(prompt_token_ids), self.config.block_size)
             self.kv_holds.reserve(kv_hold_id, blocks)
             self._kv_hold_ids[request_id] = kv_hold_id
-        imported = self._import_kv(seq, kv_import) if kv_import is not None else 0
+        imported = self._start_import(seq, kv_import) if kv_import is not None else 0
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        if seq.status is not SequenceStatus.IMPORTING:
+            self.scheduler.add(seq)
         return imported
 
-    def _import_kv(self, seq: Sequence, kv: KVBlocks) -> int:
-        """Put pulled KV into the pool under `seq`'s own hash chain. Only blocks whose tokens
-        equal the prompt's are used, so no sender can place KV under other tokens."""
+    def _start_import(self, seq: Sequence, kv: KVBlocks) -> int:
+        """Pin blocks for pulled KV under `seq`'s own hash chain and queue the copy. Only
+        blocks whose tokens equal the prompt's are used, so no sender can place KV under
+        other tokens."""
         size = self.config.block_size
         count = min(kv.num_blocks, num_transfer_blocks(len(seq), size))
         if count <= 0 or kv.token_ids[: count * size] != seq.token_ids[: count * size]:
+            return 0
+        expected = block_shape(self.model_runner.kv_cache, size)
+        if tuple(kv.kv.shape[1:]) != expected or kv.kv.device.type != "cpu":
+            logger.warning(
+                "pulled KV for %s has shape %s, not [n, %s] on the CPU",
+                seq.request_id,
+                tuple(kv.kv.shape),
+                expected,
+            )
             return 0
         claim = self.block_manager.claim_prefix(seq, count)
         if claim is None:
             logger.info("no room to import %d KV blocks for %s", count, seq.request_id)
             return 0
-        pinned, fresh = claim
+        seq.pinned_blocks, fresh = claim
         if fresh:
-            try:
-                write_blocks(
-                    self.model_runner.kv_cache,
-                    [block_id for _, block_id in fresh],
-                    size,
-                    kv.kv[[index for index, _ in fresh]],
-                )
-            except Exception:  # a shape or device problem: compute the prompt here instead
-                logger.exception("importing KV blocks for %s failed", seq.request_id)
-                self.block_manager.release_claim(pinned, fresh)
-                return 0
-        seq.pinned_blocks = pinned
+            self.scheduler.add_importing(seq)
+            self._imports[seq.request_id] = _Import(seq, kv.kv, deque(fresh))
         return count * size
+
+    def _advance_imports(self) -> None:
+        """Copy up to IMPORT_BYTES_PER_STEP of pending imports (at least one block), oldest
+        first; queue each sequence whose copy is complete. A copy that fails (logged) ends
+        its import: the blocks filled so far stay cached, and the request computes the rest.
+        An import whose sequence left `importing` (aborted, or its pins yielded to a running
+        sequence) is dropped without another copy."""
+        budget = IMPORT_BYTES_PER_STEP
+        cache = self.model_runner.kv_cache
+        size = self.config.block_size
+        for request_id, work in list(self._imports.items()):
+            seq = work.seq
+            if seq.status is not SequenceStatus.IMPORTING:
+                del self._imports[request_id]
+                continue
+            block_bytes = work.kv[0].numel() * work.kv.element_size()
+            try:
+                while work.fresh and (budget >= block_bytes or budget == IMPORT_BYTES_PER_STEP):
+                    index, block_id = work.fresh[0]
+                    write_block(cache, block_id, size, work.kv[index])
+                    self.block_manager.name_block(seq, index, block_id)
+                    work.fresh.popleft()
+                    budget -= block_bytes
+            except Exception:  # a shape or device problem: compute the prompt here instead
+                logger.exception("importing KV blocks for %s failed", request_id)
+                work.fresh.clear()
+            if work.fresh:
+                return  # the budget is spent; the rest waits for the next step
+            del self._imports[request_id]
+            self.scheduler.admit_imported(seq)
 
     def export_kv(self, transfer_id: str) -> tuple[list[int], KVBlocks] | None:
         """End a hold and return its block ids and a CPU copy of its blocks (None when no
@@ -218,6 +271,7 @@ class LLMEngine:
         if seq is None:
             return
         self._drop_hold_id(seq)
+        self._imports.pop(request_id, None)  # its pins go with finish()
         self.scheduler.finish(seq, "abort")
         self._pending.append(self._output(seq, []))
 
@@ -228,6 +282,8 @@ class LLMEngine:
         """Run one scheduled step. Reports requests that got a token or finished;
         a request whose prompt chunk did not reach its end yet is not reported."""
         outputs, self._pending = self._pending, []
+        if self._imports:
+            self._advance_imports()
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return outputs

@@ -8,6 +8,10 @@ Each step spends at most `max_num_batched_tokens` tokens:
 3. waiting sequences are admitted (FCFS, or longest cached prefix first) while
    budget, sequence slots and blocks last; their cached prefix costs nothing.
 
+A sequence whose prompt KV was pulled from a prefill server first sits in
+`importing`, its blocks pinned, while the engine copies that KV in a slice per step;
+it is in no batch until `admit_imported` queues it, where its blocks are all hits.
+
 When a running sequence needs a block and none is free, the newest running
 sequence is preempted: its blocks are released (full ones stay in the prefix
 cache) and it goes back to the front of the queue, to be recomputed later.
@@ -60,13 +64,25 @@ class Scheduler:
         self.policy = policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.importing: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_importing(self, seq: Sequence) -> None:
+        """Hold `seq` back while its pinned blocks are being filled with pulled KV."""
+        seq.status = SequenceStatus.IMPORTING
+        self.importing.append(seq)
+
+    def admit_imported(self, seq: Sequence) -> None:
+        """Its import is complete (or abandoned): queue it like any other request."""
+        self.importing.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.importing)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -142,8 +158,12 @@ class Scheduler:
     def _release_pins(self) -> bool:
         """Pulled KV pinned for waiting sequences yields to a running sequence that needs room:
         the blocks stay cached (evictable), and a waiting sequence that loses them computes
-        its prompt itself. Returns whether any pin was dropped."""
+        its prompt itself. An import in progress stops (the blocks it filled stay cached and
+        named; the others were never named) and its sequence is queued as an ordinary one.
+        Returns whether any pin was dropped."""
         released = False
+        for seq in list(self.importing):
+            self.admit_imported(seq)
         for seq in self.waiting:
             if seq.pinned_blocks:
                 self.block_manager.unpin(seq.pinned_blocks)
@@ -178,6 +198,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.IMPORTING:
+            self.importing.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

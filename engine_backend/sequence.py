@@ -14,6 +14,7 @@ _arrival_counter = itertools.count()
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
+    IMPORTING = "importing"  # pulled KV still being copied into its pinned blocks
     RUNNING = "running"
     FINISHED = "finished"
 

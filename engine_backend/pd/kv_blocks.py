@@ -3,7 +3,7 @@
 The cache is one tensor [2 (K, V), layers, slots, kv_heads, head_dim] (ModelRunner.kv_cache);
 block b owns slots [b * block_size, (b + 1) * block_size). On the wire and in between, blocks
 travel block-major, [blocks, 2, layers, block_size, kv_heads, head_dim] on the CPU, so each
-block is one contiguous run of bytes. Both functions run on the engine thread, between steps:
+block is one contiguous run of bytes. These functions run on the engine thread, between steps:
 the engine thread is the only one that touches the cache.
 """
 
@@ -42,16 +42,20 @@ def read_blocks(kv_cache: torch.Tensor, block_ids: list[int], block_size: int) -
     return blocks.permute(2, 0, 1, 3, 4, 5).contiguous().cpu()
 
 
-@torch.inference_mode()
-def write_blocks(
-    kv_cache: torch.Tensor, block_ids: list[int], block_size: int, kv: torch.Tensor
-) -> None:
-    """Write `kv` [len(block_ids), 2, layers, block_size, kv_heads, head_dim] into the given
-    blocks, converted to the cache's device and dtype."""
+def block_shape(kv_cache: torch.Tensor, block_size: int) -> tuple[int, ...]:
+    """The shape of one block's K/V in transit: [2, layers, block_size, kv_heads, head_dim]."""
     two, layers, _, heads, dim = kv_cache.shape
-    expected = (len(block_ids), two, layers, block_size, heads, dim)
-    if tuple(kv.shape) != expected:
-        raise ValueError(f"KV blocks have shape {tuple(kv.shape)}, the cache needs {expected}")
-    data = kv.to(device=kv_cache.device, dtype=kv_cache.dtype).permute(1, 2, 0, 3, 4, 5)
-    data = data.reshape(two, layers, len(block_ids) * block_size, heads, dim)
-    kv_cache.index_copy_(2, _slots(block_ids, block_size, kv_cache.device), data)
+    return (two, layers, block_size, heads, dim)
+
+
+@torch.inference_mode()
+def write_block(kv_cache: torch.Tensor, block_id: int, block_size: int, kv: torch.Tensor) -> None:
+    """Write one block's K/V (`block_shape`) into its slots: a single copy, converting device
+    and dtype on the way, so that an import can go a few blocks at a time between steps."""
+    if tuple(kv.shape) != block_shape(kv_cache, block_size):
+        raise ValueError(
+            f"a KV block has shape {tuple(kv.shape)}, the cache needs "
+            f"{block_shape(kv_cache, block_size)}"
+        )
+    start = block_id * block_size
+    kv_cache[:, :, start : start + block_size].copy_(kv)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 import orjson
 import torch
 
@@ -110,15 +112,24 @@ async def pull_kv(
     """Pull one transfer. Refuses (PullError) a header that does not fit this engine (another
     model, block size or shape), a block list other than the one the prefill server announced,
     or any malformed or short stream; the whole pull is bounded by `timeout_s`, and its size by
-    the announced block count. The caller checks the token ids against its prompt."""
-    writer: asyncio.StreamWriter | None = None
+    the announced block count. The caller checks the token ids against its prompt.
+
+    The pull shares its process (and the GIL) with the engine thread of a decode server, so
+    it reads on a plain non-blocking socket straight into two buffers sized up front (token
+    ids, K/V) and builds its tensors as views of them: no Python work per element or per
+    network chunk beyond one `recv_into`, which releases the GIL while it copies."""
+    loop = asyncio.get_running_loop()
+    sock: socket.socket | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(wire.encode_hello(transfer_id))
-            await writer.drain()
-            status, length = wire.decode_reply_head(await reader.readexactly(wire.REPLY.size))
-            header = orjson.loads(await reader.readexactly(length))
+            sock = await _connect(loop, host, port)
+            await loop.sock_sendall(sock, wire.encode_hello(transfer_id))
+            head = bytearray(wire.REPLY.size)
+            await _recv_exactly(loop, sock, memoryview(head))
+            status, length = wire.decode_reply_head(bytes(head))
+            raw_header = bytearray(length)
+            await _recv_exactly(loop, sock, memoryview(raw_header))
+            header = orjson.loads(raw_header)
             if not isinstance(header, dict):
                 raise PullError("the transfer header is not an object")
             if status != wire.STATUS_OK:
@@ -133,31 +144,66 @@ async def pull_kv(
                 expected_block_ids
             ):
                 raise PullRefused("the transfer's blocks are not the ones announced")
-            return await _read_blocks(reader, geometry, dtype, len(expected_block_ids))
+            return await _read_blocks(loop, sock, geometry, dtype, len(expected_block_ids))
     except PullError:
         raise
     except TimeoutError as e:
         raise PullError(f"the pull took longer than {timeout_s} s") from e
-    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+    except (OSError, ValueError) as e:
         raise PullError(f"the pull failed: {type(e).__name__}: {e}") from e
     finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):  # the peer may be gone already
-                await writer.wait_closed()
+        if sock is not None:
+            sock.close()
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to host:port (each resolved address tried)."""
+    error: OSError = OSError(f"no address for {host!r}")
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as e:
+            sock.close()
+            error = e
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
+
+
+async def _recv_exactly(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
+    """Fill `view` in place from the socket; a connection that ends first is a PullError."""
+    while view:
+        received = await loop.sock_recv_into(sock, view)
+        if received == 0:
+            raise PullError("the prefill server closed the connection before the end")
+        view = view[received:]
 
 
 async def _read_blocks(
-    reader: asyncio.StreamReader, geometry: wire.KVGeometry, dtype: torch.dtype, count: int
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    geometry: wire.KVGeometry,
+    dtype: torch.dtype,
+    count: int,
 ) -> KVBlocks:
     size = geometry.block_size
     token_bytes = size * wire.TOKEN_DTYPE.itemsize
     kv_bytes = geometry.kv_elements() * torch.empty((), dtype=dtype).element_size()
+    tokens = bytearray(count * token_bytes)
     data = bytearray(count * kv_bytes)
-    tokens: list[int] = []
-    for i in range(count):
-        tokens.extend(wire.decode_tokens(await reader.readexactly(token_bytes)))
-        data[i * kv_bytes : (i + 1) * kv_bytes] = await reader.readexactly(kv_bytes)
+    token_view, kv_view = memoryview(tokens), memoryview(data)
+    for i in range(count):  # each frame: its token ids, then its K/V, straight into place
+        await _recv_exactly(loop, sock, token_view[i * token_bytes : (i + 1) * token_bytes])
+        await _recv_exactly(loop, sock, kv_view[i * kv_bytes : (i + 1) * kv_bytes])
     shape = (
         count,
         2,
@@ -166,5 +212,7 @@ async def _read_blocks(
         geometry.num_kv_heads,
         geometry.head_dim,
     )
-    kv = torch.frombuffer(data, dtype=dtype).view(shape) if count else torch.empty(shape)
-    return KVBlocks(tokens, kv)
+    if not count:
+        return KVBlocks([], torch.empty(shape, dtype=dtype))
+    token_ids = np.frombuffer(tokens, dtype=wire.TOKEN_DTYPE).tolist()
+    return KVBlocks(token_ids, torch.frombuffer(data, dtype=dtype).view(shape))

@@ -104,10 +104,6 @@ def encode_tokens(token_ids: list[int]) -> bytes:
     return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
 
 
-def decode_tokens(raw: bytes) -> list[int]:
-    return [int(t) for t in np.frombuffer(raw, dtype=TOKEN_DTYPE)]
-
-
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, any dtype (bf16 included)."""
     flat = tensor.contiguous().view(-1).view(torch.uint8)
