@@ -36,16 +36,20 @@ class Replica(BaseModel):
     weight: float = Field(default=1.0, gt=0, le=1000)
     api_key_env: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    # sglang pd prefill servers only: their --disaggregation-bootstrap-port (None: 8998)
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class PDPools(BaseModel):
-    """Prefill/decode separation over vLLM's disaggregated-serving protocol (`gateway/pd`)."""
+    """Prefill/decode separation (`gateway/pd`) over vLLM's disaggregated-serving protocol
+    (`vllm`) or SGLang's bootstrap protocol (`sglang`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prefill: tuple[Replica, ...] = Field(min_length=1)
     decode: tuple[Replica, ...] = Field(min_length=1)
     prefill_timeout_s: float = Field(default=30.0, gt=0)
+    protocol: Literal["vllm", "sglang"] = "vllm"
 
 
 class Route(BaseModel):

@@ -1,5 +1,6 @@
 """Prefill/decode separation: a route whose requests are prefilled on one pool of servers and
-decoded on another, over vLLM's disaggregated-serving protocol (`wire`, `router`)."""
+decoded on another, over vLLM's disaggregated-serving protocol (`wire`, `router`) or SGLang's
+bootstrap protocol (`sglang`)."""
 
 from gateway.pd.router import FALLBACK_REASONS, PDStats, PDTiming, PDUpstream
 from gateway.pd.wire import PREFILL_REQUEST_PARAMS, decode_body, kv_params_from, prefill_body

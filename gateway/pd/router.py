@@ -15,6 +15,9 @@ then retries or falls back as on any route).
 
 Per request the prefill step's latency, the handoff (prefill answer to decode request) and the
 decode server's time to first content are kept apart, per server and per route (`snapshot`).
+
+Routes with `pd.protocol: sglang` pair the two servers SGLang's way instead (`gateway.pd.sglang`):
+the same choices, fallbacks, counters and streams, with both requests sent at once.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from gateway.pd.wire import decode_body, kv_params_from, prefill_body
+from gateway.pd import wire
+from gateway.pd.wire import kv_params_from, prefill_body
 from gateway.replicas.balancer import Choice
 from gateway.replicas.pool import (
     Member,
@@ -54,6 +58,7 @@ from gateway.upstreams.base import (
 if TYPE_CHECKING:
     import aiohttp
 
+    from gateway.pd.sglang import SGLangPairing
     from gateway.replicas.shared_index import SharedPlacements
     from gateway.upstream_paths import PassPath
     from gateway.upstreams.openai import OpenAIUpstream
@@ -103,6 +108,9 @@ class Handoff:
     reason: str | None = None  # why colocated, one of FALLBACK_REASONS
     answered: float = 0.0  # perf_counter when the prefill answer came
     prefill_s: float | None = None
+    # sglang: both servers got the request at once, so there is no handoff to time, and
+    # `params` are the bootstrap fields
+    concurrent: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,14 @@ class PDUpstream:
         self.stats = PDStats()
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.on_request: Callable[[PDTiming], None] | None = None
+        self.sglang: SGLangPairing | None = None
+        self._decode_body: Callable[[UpstreamBody, dict[str, Any] | None], UpstreamBody]
+        self._decode_body = wire.decode_body
+        if self.pd.protocol == "sglang":
+            from gateway.pd import sglang  # it builds on this module
+
+            self.sglang = sglang.SGLangPairing(self)
+            self._decode_body = sglang.decode_body
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -154,6 +170,8 @@ class PDUpstream:
         await asyncio.gather(self.prefill.warm_up(), self.decode.warm_up())
 
     async def aclose(self) -> None:
+        if self.sglang is not None:
+            await self.sglang.aclose()
         await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
     # -- what the proxy calls ---------------------------------------------------------------
@@ -172,6 +190,8 @@ class PDUpstream:
         return await member.upstream.forward(method, path, headers, data)
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
+        if self.sglang is not None:
+            return await self.sglang.open_stream(body, ctx)
         body, ctx = await _prepared(body, ctx)
         began = time.monotonic()
         handoff = await self._prefill(body, ctx)
@@ -180,6 +200,8 @@ class PDUpstream:
         )
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
+        if self.sglang is not None:
+            return await self.sglang.complete(body, ctx)
         body, ctx = await _prepared(body, ctx)
         handoff = await self._prefill(body, ctx)
         return await self._decode(
@@ -188,17 +210,23 @@ class PDUpstream:
 
     # -- step 1: prefill --------------------------------------------------------------------
 
-    async def _prefill(self, body: UpstreamBody, ctx: CallContext) -> Handoff:
-        self.stats.requests += 1
+    def _send_prefill(self, body: UpstreamBody, ctx: CallContext) -> tuple[Member, str] | None:
+        """The prefill server most likely to hold the prompt's prefix, counted as sent to, and
+        its name; None when every prefill server failed recently (waiting on one again would
+        only delay the colocated answer; the probe or the end of a backoff brings them back)."""
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
         blocks = prefix_blocks(prompt_text(body), seed)
         choice = self.prefill.choose(blocks)
         if choice.reason == "only_unhealthy":
-            # Every prefill server failed recently: waiting on one again would only delay the
-            # colocated answer. The probe or the end of a backoff brings them back.
+            return None
+        return self.prefill.sent(choice, blocks, self.placements), choice.replica.name
+
+    async def _prefill(self, body: UpstreamBody, ctx: CallContext) -> Handoff:
+        self.stats.requests += 1
+        picked = self._send_prefill(body, ctx)
+        if picked is None:
             return self._colocated(None, "no_prefill_server")
-        name = choice.replica.name
-        member = self.prefill.sent(choice, blocks, self.placements)
+        member, name = picked
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.pd.prefill_timeout_s):
@@ -278,13 +306,15 @@ class PDUpstream:
         # pull from the prefill server: not its own fault, unless it did not answer at all.
         result = await self.decode.attempt(
             member,
-            send(member, decode_body(body, handoff.params)),
+            send(member, self._decode_body(body, handoff.params)),
             lambda exc: handoff.params is None or exc.body is None,
         )
         if handoff.params is None:
             return member, result, sent, None
         assert isinstance(member.stats, PDServerStats)
         member.stats.remote_prefills += 1
+        if handoff.concurrent:
+            return member, result, sent, None
         seconds = sent - handoff.answered
         self.stats.handoff_sum_s += seconds
         self.stats.handoff_count += 1
@@ -398,6 +428,29 @@ class PDStream(MemberStream):
         self._handoff_s = handoff_s
         self._sent = sent  # perf_counter: decode request sent
         self._ttft: float | None = None
+        self._done = False  # saw [DONE]
+        self.reported = True  # False: an attempt given up before the client saw it
+
+    async def prefetch_first(self) -> bool:
+        """Read up to the first content (kept for replay): whether the stream answered, with
+        content or an orderly end, rather than an error or a stream cut short. Raises what
+        the stream raises."""
+        source = self._source()
+        while not self._first_seen:
+            try:
+                batch = await source.__anext__()
+            except StopAsyncIteration:
+                break
+            self._held.append(batch)
+            self._saw(batch)
+        return self._ttft is not None or self._done
+
+    async def abandon(self, failure: BaseException | None) -> None:
+        """Close a stream the client will never see: its server's slot is freed (judged by
+        `failure`) and the request is not reported, since another attempt answers it."""
+        self.reported = False
+        self._end(failure)
+        await self.aclose()
 
     def _saw(self, batch: list[OutEvent]) -> None:
         for event in batch:
@@ -409,10 +462,13 @@ class PDStream(MemberStream):
                 return
             if event.error or event.done or event.malformed:
                 self._first_seen = True  # no first-token timeout applies past this point
+                self._done = event.done
                 return
 
     def _finish(self, failure: BaseException | None) -> None:
         self._router.note_end(self._member, failure)
+        if not self.reported:
+            return
         self._router._report(
             self._request_id,
             self._member,
