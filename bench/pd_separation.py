@@ -77,6 +77,7 @@ import orjson
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.engine_ttft import SPECS
 from bench.pd_procs import (
     EngineSpec,
     Proc,
@@ -89,37 +90,6 @@ from bench.pd_procs import (
 )
 from engine_backend.demo import RandomModelSpec, default_cache_dir, write_random_model
 
-CPU_SPEC = RandomModelSpec(  # bench/engine_ttft.py's CPU model
-    hidden_size=512,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    intermediate_size=1408,
-    vocab_size=32000,
-    max_position_embeddings=8192,
-    seed=1,
-)
-CUDA_SPEC = RandomModelSpec(  # bench/engine_ttft.py's GPU model
-    hidden_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    intermediate_size=5632,
-    vocab_size=32000,
-    max_position_embeddings=8192,
-    dtype="bfloat16",
-    seed=1,
-)
-QUICK_SPEC = RandomModelSpec(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=1000,
-    max_position_embeddings=2048,
-    seed=1,
-)
 NUM_DECODERS = 8
 DECODER_PROMPT = 32
 TIME_LIMIT_S = 290.0  # the whole run, CPU (a GPU run gets the same)
@@ -537,7 +507,7 @@ def log(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    spec = QUICK_SPEC if args.quick else CUDA_SPEC if args.device == "cuda" else CPU_SPEC
+    spec = SPECS["quick" if args.quick else args.device]  # bench/engine_ttft.py's models
     model_dir = bench_model(spec, args.cache_dir)
     args.vocab = spec.vocab_size or 512
     # Decoders outlast both windows even at a GPU's pace; their KV stays small next to a pool

@@ -24,7 +24,7 @@ from gateway.native_body import NativeBody
 from gateway.passthrough_relay import is_json, read_bounded
 from gateway.request_id import REQUEST_ID_HEADER
 from gateway.settings import Settings
-from gateway.sse import SSE_RAW_HEADERS, EventTooLarge, SSEEvent, SSEParser, event_name
+from gateway.sse import SSE_RAW_HEADERS, SSEEvent, event_name, read_events
 from gateway.timing import RequestTiming
 from gateway.translation.anthropic import openai_usage
 from gateway.translation.messages_chat import anthropic_error_type
@@ -195,17 +195,11 @@ class MessagesRelay:
         await self.start(200, [*SSE_RAW_HEADERS, *headers, *await self._policy_headers()])
         self.streaming = True
         limit = self.settings.max_event_bytes
-        parser = SSEParser(limit)
         try:
-            async for chunk in resp.content.iter_any():
-                arrived = time.perf_counter()
-                try:
-                    events, too_big = parser.feed(chunk), False
-                except EventTooLarge as exc:  # deliver the events that did complete, then report
-                    events, too_big = exc.events, True
-                if await self._forward(events, arrived):
+            async for read in read_events(resp.content.iter_any(), limit):
+                if await self._forward(read.events, read.arrived):
                     return
-                if too_big:
+                if read.too_big:
                     self.timing.status = "upstream_error"
                     await self.end(
                         error_event(
@@ -214,8 +208,6 @@ class MessagesRelay:
                         )
                     )
                     return
-            if await self._forward(parser.flush(), time.perf_counter()):
-                return
         except aiohttp.ClientError as exc:
             self.timing.status = "upstream_error"
             await self.end(error_event(f"The upstream stream failed ({type(exc).__name__})."))

@@ -13,7 +13,6 @@ sees them.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Protocol
 
 import aiohttp
@@ -24,7 +23,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.ownership import Ownership
 from gateway.routes import Route
 from gateway.settings import Settings
-from gateway.sse import SSE_HEADERS, EventTooLarge, SSEEvent, SSEParser
+from gateway.sse import SSE_HEADERS, SSEEvent, read_events
 from gateway.upstream_paths import PassPath
 
 log = logging.getLogger("firsttoken.passthrough")
@@ -186,18 +185,14 @@ class Relay:
         watch = self.objects.enabled and self.method == "POST" and self.path.collection is not None
         # Only whole events go out: a cut in the middle of one would leave the client a partial
         # event with our error event glued to it.
-        parser, scanned = SSEParser(limit), 0
+        scanned = 0
         held: list[bytes] = []  # raw events kept back until a create's ids are recorded
         observer = self.observer
         observed: list[SSEEvent] = []  # events read since the observer last saw some
         status = 200
         try:
-            async for chunk in resp.content.iter_any():
-                arrived = time.perf_counter()
-                try:
-                    events, too_big = parser.feed(chunk), False
-                except EventTooLarge as exc:  # deliver the events that did complete, then report
-                    events, too_big = exc.events, True
+            async for read in read_events(resp.content.iter_any(), limit):
+                events = read.events
                 if observer is not None:
                     observed.extend(events)
                 if watch:
@@ -210,7 +205,7 @@ class Relay:
                             )
                         watch = watch and not created and scanned < CREATED_EVENTS_SCANNED
                     held.extend(event.raw for event in events)
-                    if watch and not too_big:
+                    if watch and not (read.too_big or read.last):
                         continue
                     out, held = b"".join(held), []
                 else:
@@ -218,21 +213,13 @@ class Relay:
                 if out:
                     await self.write(out)
                     if observer is not None:
-                        observer.events(observed, arrived)
+                        observer.events(observed, read.arrived)
                         observed = []
-                if too_big:
+                if read.too_big:
                     status = 502
                     await self.error_event(
                         f"An upstream event exceeded {limit} bytes (FIRSTTOKEN_MAX_EVENT_BYTES)."
                     )
-                    break
-            else:
-                rest = parser.flush()
-                out = b"".join([*held, *(event.raw for event in rest)])
-                if out:
-                    await self.write(out)
-                    if observer is not None:
-                        observer.events([*observed, *rest], time.perf_counter())
         except GatewayError as exc:
             await self.error_event(exc.message, exc.type)
             status = exc.status

@@ -9,6 +9,8 @@ never rescanned from its start, so a stream costs time linear in its bytes howev
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
 import orjson
@@ -162,3 +164,28 @@ def event_name(event: SSEEvent) -> str | None:
         return None
     kind = payload.get("type") if isinstance(payload, dict) else None
     return kind if isinstance(kind, str) else None
+
+
+@dataclass(slots=True)
+class EventRead:
+    """The whole events one upstream read completed, and when the read came in."""
+
+    events: list[SSEEvent]
+    arrived: float
+    too_big: bool = False  # the next event passed the limit: the stream cannot go on
+    last: bool = False  # the body ended; `events` holds what the parser still had
+
+
+async def read_events(chunks: AsyncIterable[bytes], limit: int) -> AsyncIterator[EventRead]:
+    """An upstream body as whole events, read by read, each within `limit` bytes: a partial
+    event is never delivered. Ends after a `too_big` read, or with a `last` one."""
+    parser = SSEParser(limit)
+    async for chunk in chunks:
+        arrived = time.perf_counter()
+        try:
+            events = parser.feed(chunk)
+        except EventTooLarge as exc:  # the events that did complete still go out first
+            yield EventRead(exc.events, arrived, too_big=True)
+            return
+        yield EventRead(events, arrived)
+    yield EventRead(parser.flush(), time.perf_counter(), last=True)

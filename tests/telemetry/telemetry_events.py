@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from gateway.settings import Settings
@@ -86,3 +89,28 @@ async def until(predicate, timeout_s: float) -> bool:
             return True
         await asyncio.sleep(0.02)
     return predicate()
+
+
+WRITER = Path(__file__).with_name("telemetry_writer_process.py")
+
+
+def write_in_processes(
+    redis_url: str, key_prefix: str, env: dict, runs: list[tuple[int, int]], now: float
+) -> list[RequestEvent]:
+    """Each (seed, count) of `runs` written by a telemetry writer in a process of its own, all
+    at once, as several gateway processes would; the union of the events they wrote."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), redis_url, key_prefix, str(seed), str(count), repr(now)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed, count in runs
+    ]
+    for proc, (_, count) in zip(procs, runs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.strip() == f"written={count} dropped=0"
+    return [e for seed, count in runs for e in make_events(seed, count, now=now)]

@@ -7,12 +7,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,9 +35,13 @@ from gateway.telemetry.store import MemoryStore
 from gateway.timing import RequestTiming
 from tests.support.clients import sdk_client
 from tests.support.gateway import openai_route
-from tests.telemetry.telemetry_events import aggregate_events, make_events, make_telemetry
+from tests.telemetry.telemetry_events import (
+    aggregate_events,
+    make_events,
+    make_telemetry,
+    write_in_processes,
+)
 
-WRITER = Path(__file__).with_name("telemetry_writer_process.py")
 BODY_KEYS = {"tenant", "window_s", "step_s", "route", "api", "slo_ms", "routes", "points"}
 POINT_KEYS = {
     "t",
@@ -375,21 +376,7 @@ def test_two_real_processes_merge_per_minute(
 ) -> None:
     now = time.time()
     runs = [(41, 1500), (42, 1000)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WRITER), redis_url, key_prefix, str(seed), str(count), repr(now)],
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for seed, count in runs
-    ]
-    for proc, (_, count) in zip(procs, runs, strict=False):
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert out.strip() == f"written={count} dropped=0"
-    union = [e for seed, count in runs for e in make_events(seed, count, now=now)]
+    union = write_in_processes(redis_url, key_prefix, subprocess_env, runs, now)
 
     async def read() -> dict:
         reader = make_telemetry(redis_url, metrics_key_prefix=key_prefix)

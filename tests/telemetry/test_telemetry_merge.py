@@ -1,16 +1,11 @@
 """Gateway processes sharing one Redis report the percentiles of the union of their events."""
 
 import asyncio
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from tests.telemetry.telemetry_events import make_events, make_telemetry
-
-WRITER = Path(__file__).with_name("telemetry_writer_process.py")
+from tests.telemetry.telemetry_events import make_events, make_telemetry, write_in_processes
 
 
 def _assert_matches_union(report: dict, events) -> None:
@@ -57,21 +52,7 @@ async def test_two_instances_in_one_process_merge(redis_url: str, key_prefix: st
 def test_two_real_processes_merge(redis_url: str, key_prefix: str, subprocess_env: dict) -> None:
     now = time.time()
     runs = [(21, 2500), (22, 2500)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WRITER), redis_url, key_prefix, str(seed), str(count), repr(now)],
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for seed, count in runs
-    ]
-    for proc, (_, count) in zip(procs, runs, strict=False):
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert out.strip() == f"written={count} dropped=0"
-    union = [e for seed, count in runs for e in make_events(seed, count, now=now)]
+    union = write_in_processes(redis_url, key_prefix, subprocess_env, runs, now)
 
     async def read() -> dict:
         reader = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
