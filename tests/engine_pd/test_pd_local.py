@@ -9,16 +9,9 @@ import pytest
 from engine_backend import EngineRequestError, LocalEngine
 from engine_backend.openai_response import COMPLETIONS
 from engine_backend.pd.node import PDConfig
+from tests.engine_pd.step1 import STEP1
 
 OPTIONS = {"num_blocks": 256, "block_size": 4, "max_num_batched_tokens": 256}
-STEP1 = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 async def started(model_dir: str, pd: PDConfig | None) -> LocalEngine:

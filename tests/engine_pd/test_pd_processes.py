@@ -23,18 +23,11 @@ import pytest
 
 from bench.harness import ROOT, free_port, wait_http
 from engine_backend.pd import wire
+from tests.engine_pd.step1 import STEP1
 
 BLOCK = 4
 HOLD_S = 2.0
 MAX_HELD = 60
-STEP1 = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 LONG = " ".join(f"rule {i}: keep answers short and cite sources." for i in range(7))
 
 

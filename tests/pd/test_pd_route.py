@@ -12,6 +12,8 @@ import pytest
 
 from bench.mock_openai import ThreadedServer
 from gateway.pd import PDTiming
+from tests.pd.clients import chat as pd_chat
+from tests.pd.clients import router
 from tests.pd.vllm_fake import ANSWER, FakeServer, Ledger, Script
 from tests.support.clients import sdk_client
 from tests.support.gateway import UPSTREAM_KEY_ENV
@@ -60,16 +62,7 @@ def pools():
 
 
 def chat(client, content: str = "hello", stream: bool = True, **extra) -> str:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
-    if not stream:
-        answer = client.chat.completions.create(model="m", messages=messages, **extra)
-        return answer.choices[0].message.content
-    chunks = client.chat.completions.create(model="m", messages=messages, stream=True, **extra)
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-
-
-def router(gw):
-    return gw.gateway.upstreams["pd"]
+    return pd_chat(client, content, stream, system=SYSTEM, **extra)
 
 
 def test_streaming_request_takes_the_three_steps_in_order_with_vllms_fields(pools, make_gateway):

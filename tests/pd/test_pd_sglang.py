@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.mock_openai import ThreadedServer
+from tests.pd.clients import chat, router
 from tests.pd.sglang_fake import ANSWER, FakeServer, Ledger
 from tests.support.clients import sdk_client
 from tests.support.gateway import UPSTREAM_KEY_ENV
@@ -57,19 +58,6 @@ def pools():
         yield lambda prefill=1, decode=2, ports=None: Pools(
             stack, prefill, decode, ports or [None] * prefill
         )
-
-
-def chat(client, content: str = "hello", stream: bool = True, **extra) -> str:
-    messages = [{"role": "user", "content": content}]
-    if not stream:
-        answer = client.chat.completions.create(model="m", messages=messages, **extra)
-        return answer.choices[0].message.content
-    chunks = client.chat.completions.create(model="m", messages=messages, stream=True, **extra)
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-
-
-def router(gw):
-    return gw.gateway.upstreams["pd"]
 
 
 @pytest.mark.parametrize("stream", [True, False])
