@@ -522,7 +522,7 @@ def advisor_replay(api: str, provider: str, deadline: float) -> dict:
     import asyncio
 
     from gateway.advisor import advisor_for, bucket_of, observe_cache_advice, tenant_advice
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
     from gateway.telemetry.store import MemoryStore
     from gateway.telemetry.telemetry import Telemetry
 

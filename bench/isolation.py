@@ -13,7 +13,7 @@ The victim: `--victim-concurrency` users, each starting a small streaming chat e
 shows in every request it delays); TTFT is measured at the client from the scheduled start.
 Attack phases (biggest, messages, deep, headers, mixed), each alone with the victim, send the
 heaviest inputs the gateway's limits allow and a few just over them; `bench/isolation_inputs.py`
-builds them from `gateway.settings.Settings` and says what each phase sends.
+builds them from `gateway.config.settings.Settings` and says what each phase sends.
 
 The attacker is a separate process (this file with --attacker) sending back to back from
 `--attacker-connections` raw sockets; on a machine with 4+ cores it and its mock get cores 2

@@ -4,7 +4,7 @@ not send an over-limit head), with the statuses a correct gateway answers.
 
 Kept apart from the runner (processes, victim load, report) because it changes whenever the
 gateway gains or moves a limit, and the sizing is the subtle part: every input is sized from
-`gateway.settings.Settings` (the defaults, or FIRSTTOKEN_MAX_* and
+`gateway.config.settings.Settings` (the defaults, or FIRSTTOKEN_MAX_* and
 FIRSTTOKEN_POLICY_THREAD_MIN_BYTES from the environment; `limit_env()` passes them on so the
 gateway and the bench agree). The gateway counts the `{` and `[` bytes of a body before parsing
 it (FIRSTTOKEN_MAX_JSON_CONTAINERS, strings included), so the heaviest allowed body has as many
@@ -67,7 +67,7 @@ class Limits:
 
     @classmethod
     def from_settings(cls) -> Limits:
-        from gateway.settings import load_settings
+        from gateway.config.settings import load_settings
 
         s = load_settings()
         return cls(
@@ -317,7 +317,7 @@ def deep_body(
     level deeper when `depth` is over the limit. Small (one chain) unless `max_containers`:
     then as many chains as keep the body's containers at most that, and text from `pool` in
     every part or tool description up to the body limit."""
-    from gateway.request_body import nested_deeper_than  # the gateway's own measure of depth
+    from gateway.boundary.body import nested_deeper_than  # the gateway's own measure of depth
 
     plain = pool.translate(NO_BRACKETS)
 

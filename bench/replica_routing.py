@@ -52,7 +52,7 @@ from bench.replica_sim import (
     Workload,
     WorkloadShape,
 )
-from gateway.replicas import BalanceOptions, Balancer, ReplicaState, prefix_blocks
+from gateway.upstreams.replicas import BalanceOptions, Balancer, ReplicaState, prefix_blocks
 
 RESULTS = Path(__file__).resolve().parent / "results" / "replica_routing.json"
 MODES = ("round_robin", "least_loaded", "prefix_affinity")

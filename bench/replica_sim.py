@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
 
-from gateway.replicas import prompt_text
+from gateway.upstreams.replicas import prompt_text
 
 CHARS_PER_TOKEN = 4
 ENGINE_BLOCK_TOKENS = 16

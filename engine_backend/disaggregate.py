@@ -7,11 +7,11 @@ own accelerator (`--devices`). In front of them, on `--port`, runs the gateway's
 this process: the same router that fronts vLLM or SGLang P/D pools, so this deployment is the
 bundled engine speaking vLLM's protocol, not a second implementation of it.
 
-This process supervises the engines (the rules in `gateway.supervision`, shared with
+This process supervises the engines (the rules in `gateway.run.supervision`, shared with
 `serve --workers`): they start on free loopback ports; the router opens only
 once each answers `/v1/models` (bounded by `--start-timeout-s`); an engine that dies is started
-again on its port (the router ejects it meanwhile and serves colocated, see `gateway.pd`), and
-one that keeps dying (`RESTART_LIMIT` times within `RESTART_WINDOW_S`) stops everything with
+again on its port (the router ejects it meanwhile and serves colocated, see `gateway.upstreams.pd`),
+and one that keeps dying (`RESTART_LIMIT` times within `RESTART_WINDOW_S`) stops everything with
 status 1. SIGTERM or SIGINT stops the router, then each engine by its pid, and exits 0. The
 engines run in sessions of their own (a terminal's Ctrl-C reaches this process only, which
 stops them in order) and stop by themselves if this process disappears (`exit_with_parent`).
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import supervision
-from gateway.supervision import Child, Restarts, StopSignals, stop_children
+from gateway.run import supervision
+from gateway.run.supervision import Child, Restarts, StopSignals, stop_children
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +289,8 @@ class Deployment:
         import uvicorn
 
         from gateway.app import create_app
-        from gateway.server import server_config
-        from gateway.settings import SettingsError, load_settings
+        from gateway.config.settings import SettingsError, load_settings
+        from gateway.run.server import server_config
 
         route = pd_route([e.spec for e in self.engines])
         try:

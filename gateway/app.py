@@ -14,17 +14,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.advice_api import advice_endpoints
-from gateway.dashboard_api import dashboard_endpoints
+from gateway.boundary.request_id import RequestIdMiddleware, next_request_id
+from gateway.config.settings import Settings, load_settings
+from gateway.doors.messages import COUNT_TOKENS, MESSAGES, anthropic_error, messages_door
+from gateway.doors.models import models_endpoints
+from gateway.doors.passthrough import passthrough
+from gateway.doors.responses import responses_door
 from gateway.errors import GatewayError
-from gateway.messages_api import COUNT_TOKENS, MESSAGES, anthropic_error, messages_door
-from gateway.metrics_api import metrics_endpoints
-from gateway.models_api import models_endpoints
-from gateway.passthrough import passthrough
-from gateway.request_id import RequestIdMiddleware, next_request_id
-from gateway.responses_api import responses_door
-from gateway.service import Gateway
-from gateway.settings import Settings, load_settings
+from gateway.ops.advice import advice_endpoints
+from gateway.ops.dashboard import dashboard_endpoints
+from gateway.ops.metrics import metrics_endpoints
+from gateway.runtime import Gateway
 
 log = logging.getLogger("firsttoken")
 

@@ -12,7 +12,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from gateway.config.settings import Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -20,10 +20,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.server import server_config
-    from gateway.settings import SettingsError, load_settings
+    from gateway.config.settings import SettingsError, load_settings
+    from gateway.run.server import server_config
 
-    worker = args.worker_index is not None  # one of `--workers N` processes (gateway.workers)
+    worker = args.worker_index is not None  # one of `--workers N` processes (gateway.run.workers)
     # Configured before the settings load, so that their start-up warnings are formatted too.
     logging.basicConfig(
         level=logging.WARNING,
@@ -32,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = _load_settings(args, worker, load_settings)
         if args.workers > 1 and not worker:
-            from gateway.workers import check_workers, serve_workers
+            from gateway.run.workers import check_workers, serve_workers
 
             check_workers(settings, args.workers)
             logging.getLogger().setLevel(settings.log_level.upper())
@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = {}
     sockets = None
     if worker:
-        from gateway.workers import worker_log_config, worker_socket
+        from gateway.run.workers import worker_log_config, worker_socket
 
         options["log_config"] = worker_log_config(args.worker_index)
         try:
@@ -81,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     )
     if worker and args.worker_parent is not None:
-        from gateway.workers import exit_with_parent
+        from gateway.run.workers import exit_with_parent
 
         exit_with_parent(args.worker_parent, lambda: setattr(server, "should_exit", True))
     with contextlib.suppress(KeyboardInterrupt):
@@ -94,7 +94,7 @@ def _load_settings(
 ) -> Settings:
     if not worker:
         return load(config_file=args.config)
-    from gateway.workers import quiet_warnings
+    from gateway.run.workers import quiet_warnings
 
     # The supervisor logged the settings' warnings once, for every worker.
     with quiet_warnings(logging.getLogger("firsttoken")):
@@ -102,7 +102,7 @@ def _load_settings(
 
 
 def _worker_log_format(index: int) -> str:
-    from gateway.workers import worker_tag
+    from gateway.run.workers import worker_tag
 
     return LOG_FORMAT.replace("%(name)s:", f"%(name)s {worker_tag(index)}:")
 
@@ -116,7 +116,7 @@ def version() -> str:
 
 def settings_help() -> str:
     """Every variable with its default and what it does, from the settings themselves."""
-    from gateway.settings_help import settings_variables
+    from gateway.config.help import settings_variables
 
     lines = [
         "settings (environment variables; with --config, the same keys in lower case without",
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="gateway processes serving the port, one core each (see README, 'Several cores')",
     )
-    # Set by the supervisor of `--workers N` for each worker it starts (gateway.workers).
+    # Set by the supervisor of `--workers N` for each worker it starts (gateway.run.workers).
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-parent", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)

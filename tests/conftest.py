@@ -28,7 +28,7 @@ def mock_upstream():
 def make_gateway() -> Iterator[Callable[..., object]]:
     """`make_gateway(routes, environ=None, **settings)` starts a gateway on a loopback port;
     every gateway it started stops after the test. The upstream key is in `MOCK_KEY`."""
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
     from tests.support.gateway import UPSTREAM_KEY_ENV, GatewayThread
 
     started: list[GatewayThread] = []

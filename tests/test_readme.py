@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.settings import OTHER_VARIABLES
-from gateway.settings_help import settings_variables
+from gateway.config.help import settings_variables
+from gateway.config.settings import OTHER_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

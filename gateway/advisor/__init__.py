@@ -4,7 +4,7 @@ For each tenant and prefix family the gateway already fingerprints the request a
 policies (the prefix-break diagnostics). The advisor also fingerprints the request as each
 opt-in would have rewritten it, and counts how many prompt tokens would have been a prefix hit
 under the provider's caching rules with and without each one (``accounting``). The counters
-live in the telemetry store (in process, or Redis); ``gateway.advice_api`` serves them as
+live in the telemetry store (in process, or Redis); ``gateway.ops.advice`` serves them as
 advice (``advice``). The advisor only observes: nothing it does changes what is sent.
 """
 

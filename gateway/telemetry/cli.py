@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import redis.exceptions
 
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 
 from .event import APIS
 from .keys import KeySpace

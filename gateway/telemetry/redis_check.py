@@ -18,7 +18,7 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gateway.settings import SettingsError
+from gateway.config.settings import SettingsError
 
 log = logging.getLogger("firsttoken.telemetry")
 

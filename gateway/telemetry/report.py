@@ -24,7 +24,7 @@ from .histogram import percentiles, share_at_or_below
 from .store import Store, per_api, per_route
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from gateway.config.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)

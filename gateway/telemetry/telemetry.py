@@ -22,7 +22,7 @@ from .store import MemoryStore, Store
 from .writer import BatchWriter
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from gateway.config.settings import Settings
 
 log = logging.getLogger("firsttoken.telemetry")
 

@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.config.routes import Route
 from gateway.errors import sse_error_event
-from gateway.routes import Route
+from gateway.paths import PassPath
 from gateway.sse import (
     DEFAULT_MAX_EVENT_BYTES,
     DONE,
@@ -32,7 +33,6 @@ from gateway.translation.anthropic import (
     to_anthropic_request,
     to_openai_response,
 )
-from gateway.upstream_paths import PassPath
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -82,7 +82,7 @@ class AnthropicUpstream(RemoteUpstream):
         self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
     ) -> aiohttp.ClientResponse:
         """Anthropic's own endpoints (`POST messages`, `POST messages/count_tokens`), as the
-        client wrote them: the Messages API door (`gateway.messages_api`) uses this. Any other
+        client wrote them: the Messages API door (`gateway.doors.messages`) uses this. Any other
         path or method is not forwarded. The client may choose its `anthropic-version`; the
         route's key always replaces whatever key the headers carry."""
         if method != "POST" or path.segments not in FORWARDED_PATHS or path.query:

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from gateway.boundary.request_id import REQUEST_ID_HEADER
+from gateway.config.routes import Route
 from gateway.errors import error_body
-from gateway.request_id import REQUEST_ID_HEADER
-from gateway.routes import Route
 from gateway.sse import DONE_DATA
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from gateway.upstream_paths import PassPath
+    from gateway.paths import PassPath
 
 
 @dataclass(slots=True)

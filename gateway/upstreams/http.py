@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from gateway.routes import Route
+from gateway.config.routes import Route
+from gateway.paths import PassPath, upstream_url
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES
-from gateway.upstream_paths import PassPath, upstream_url
 from gateway.upstreams.base import UpstreamError, relayed_headers, retry_after_seconds
 
 log = logging.getLogger("firsttoken.upstream")

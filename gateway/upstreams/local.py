@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.config.routes import Route
 from gateway.errors import sse_error_event
-from gateway.routes import Route
 from gateway.sse import DONE, encode_data
 from gateway.upstreams.base import (
     CallContext,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import aiohttp
 
     from engine_backend import LocalEngine
-    from gateway.upstream_paths import PassPath
+    from gateway.paths import PassPath
 
 log = logging.getLogger(__name__)
 

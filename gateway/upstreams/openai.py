@@ -12,10 +12,10 @@ from typing import Any
 
 import aiohttp
 
+from gateway.config.routes import Route
 from gateway.errors import sse_error_event
-from gateway.routes import Route
+from gateway.paths import PassPath
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES, DONE_DATA, EventTooLarge, SSEEvent, SSEParser
-from gateway.upstream_paths import PassPath
 from gateway.upstreams.base import (
     CallContext,
     Completed,

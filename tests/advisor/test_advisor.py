@@ -11,7 +11,6 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.advice_api import advice_endpoints
 from gateway.advisor import (
     ALL_OPT_INS,
     OPT_INS,
@@ -21,8 +20,9 @@ from gateway.advisor import (
     observe_cache_advice,
     tenant_advice,
 )
-from gateway.auth import KeyRing
-from gateway.settings import load_settings
+from gateway.boundary.auth import KeyRing
+from gateway.config.settings import load_settings
+from gateway.ops.advice import advice_endpoints
 from gateway.telemetry.store import ADVICE_FAMILIES_PER_TENANT, MemoryStore
 from gateway.telemetry.telemetry import Telemetry
 from policies import DEFAULT_POLICIES, PolicyContext, build_chain
@@ -126,7 +126,7 @@ async def test_families_per_tenant_are_capped_least_recent_first():
 
 
 async def test_a_failing_advisor_never_fails_the_report(monkeypatch):
-    from gateway.policy_runner import report_headers
+    from gateway.pipeline.policies import report_headers
 
     telemetry = _telemetry()
 

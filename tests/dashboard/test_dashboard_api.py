@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from gateway.dashboard_api import ASSET_DIR, ASSETS, IMMUTABLE, load_assets
+from gateway.ops.dashboard import ASSET_DIR, ASSETS, IMMUTABLE, load_assets
 from tests.support.gateway import openai_route
 
 KEYS = "acme:sk-acme-1,bravo:sk-bravo-1"

@@ -8,8 +8,8 @@ from importlib import metadata
 import pytest
 
 from gateway.cli import main
-from gateway.settings import Settings
-from gateway.settings_help import settings_variables
+from gateway.config.help import settings_variables
+from gateway.config.settings import Settings
 from policies import KNOWN_OPTIONS
 from tests.support.cli import serve_refusal
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import SettingsError, load_settings
+from gateway.config.settings import SettingsError, load_settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

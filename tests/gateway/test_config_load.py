@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from gateway.app import create_app
-from gateway.routes import Route
-from gateway.service import Gateway
-from gateway.settings import Settings, SettingsError, load_settings
-from gateway.upstreams import build_upstream
+from gateway.config.routes import Route
+from gateway.config.settings import Settings, SettingsError, load_settings
+from gateway.runtime import Gateway
+from gateway.upstreams.build import build_upstream
 from policies import PolicyOptions
 
 KEY = "sk-very-secret-upstream-key"
@@ -225,7 +225,7 @@ def test_a_route_with_an_unknown_policy_stops_the_start_naming_the_route():
 
 
 def test_workers_get_the_policy_options_and_no_key():
-    from gateway.big_bodies import dumps_settings
+    from gateway.pipeline.big_bodies import dumps_settings
 
     settings = load_settings(
         environ={

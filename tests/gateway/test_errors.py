@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from bench.harness import free_port
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from tests.support.clients import sdk_client
 from tests.support.gateway import GatewayThread, openai_route
 
@@ -112,7 +112,7 @@ def test_upstream_4xx_passes_through_with_body(mock_upstream, make_gateway):
 
 
 def test_no_route_configured_is_503_with_help(make_gateway, monkeypatch):
-    monkeypatch.setattr("gateway.service.engine_installed", lambda: False)
+    monkeypatch.setattr("gateway.runtime.engine_installed", lambda: False)
     with GatewayThread(Settings()) as gw:
         with pytest.raises(openai.InternalServerError) as err:
             sdk_client(gw).chat.completions.create(model="gpt-4o", messages=MESSAGES)

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from tests.support.clients import sdk_client
 from tests.support.gateway import GatewayThread, capture_events, wait_for
 from tests.support.tiny_model import tiny_spec, write_tiny_model

@@ -69,7 +69,7 @@ def test_route_override_and_env_options(mock_upstream, make_gateway):
 def test_bad_policy_option_fails_start_naming_the_variable(mock_upstream):
     import orjson
 
-    from gateway.settings import SettingsError, load_settings
+    from gateway.config.settings import SettingsError, load_settings
 
     with pytest.raises(SettingsError, match="FIRSTTOKEN_SLIM_MAX_PROMPT_TOKENS"):
         load_settings(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.routes import RouteTable, default_routes
-from gateway.settings import Settings, SettingsError, load_settings
+from gateway.config.routes import RouteTable, default_routes
+from gateway.config.settings import Settings, SettingsError, load_settings
 from tests.support.cli import serve_refusal
 
 

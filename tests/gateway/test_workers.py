@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from bench.harness import free_port
-from gateway.settings import Settings
-from gateway.workers import Supervisor, per_worker_warning
+from gateway.config.settings import Settings
+from gateway.run.workers import Supervisor, per_worker_warning
 from tests.support.cli import serve_refusal
 
 CHAT = {"model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from bench.mock_openai import ThreadedServer
-from gateway.pd import PDTiming
+from gateway.upstreams.pd import PDTiming
 from tests.pd.clients import chat as pd_chat
 from tests.pd.clients import router
 from tests.pd.vllm_fake import ANSWER, FakeServer, Ledger, Script
@@ -259,8 +259,8 @@ def test_telemetry_keeps_the_steps_apart_and_adds_up(pools, make_gateway):
 def test_prometheus_reads_a_pd_route_per_server_and_per_step(pools, make_gateway):
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gateway.pd.metrics import PDCollector
-    from gateway.replicas.metrics import FleetCollector
+    from gateway.upstreams.pd.metrics import PDCollector
+    from gateway.upstreams.replicas.metrics import FleetCollector
 
     p = pools()
     gw = make_gateway([p.route()])

@@ -131,7 +131,7 @@ def test_a_prefill_that_never_finishes_is_timed_out_into_a_colocated_answer(pool
 def test_protocol_and_bootstrap_port_are_validated(pools):
     from pydantic import ValidationError
 
-    from gateway.routes import Route
+    from gateway.config.routes import Route
 
     p = pools()
     Route.model_validate(p.route())

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.replicas.balancer import BalanceOptions, Balancer, ReplicaState
-from gateway.replicas.health import HealthPolicy, ReplicaHealth
-from gateway.replicas.prefix_index import PrefixIndex, prefix_blocks
+from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, ReplicaState
+from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
+from gateway.upstreams.replicas.prefix_index import PrefixIndex, prefix_blocks
 
 PROMPT = prefix_blocks("s" * 4096)  # 16 blocks
 OTHER = prefix_blocks("o" * 4096)

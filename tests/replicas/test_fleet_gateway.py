@@ -176,7 +176,7 @@ def test_replica_metrics_in_prometheus(servers, make_gateway):
 
 
 def test_replica_configuration_is_checked(servers):
-    from gateway.settings import SettingsError, load_settings
+    from gateway.config.settings import SettingsError, load_settings
 
     bad = [
         {**fleet_route(servers), "kind": "anthropic"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.replicas.health import HealthPolicy, ReplicaHealth
+from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
 
 
 def test_backoff_doubles_while_failures_continue_and_is_capped() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.replicas.hedging import P95_MIN_SAMPLES, HedgeBudget, TtftTracker
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
+from gateway.upstreams.replicas.hedging import P95_MIN_SAMPLES, HedgeBudget, TtftTracker
 
 
 def test_hedges_stay_within_their_share_of_requests() -> None:

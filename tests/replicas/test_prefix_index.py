@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.replicas.prefix_index import (
+from gateway.upstreams.replicas.prefix_index import (
     BLOCK_CHARS,
     ENTRY_BYTES,
     PrefixIndex,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from aiohttp import web
 
-from gateway.replicas.server_load import parse_server_load
+from gateway.upstreams.replicas.server_load import parse_server_load
 from tests.security.hostile_upstream import HostileServer, openai_stream, sse_answer
 from tests.support.gateway import UPSTREAM_KEY_ENV
 from tests.support.waiting import eventually

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from bench.mock_openai import MockUpstream, ThreadedServer
-from gateway.replicas.prefix_index import prefix_blocks, prompt_text
-from gateway.replicas.shared_index import SharedPlacements
+from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.upstreams.replicas.shared_index import SharedPlacements
 from tests.replicas.test_fleet_gateway import SYSTEM, fleet_route
 from tests.support.clients import sdk_client
 from tests.support.waiting import eventually
@@ -44,7 +44,7 @@ def test_a_placement_on_one_gateway_reaches_the_other(servers, key_prefix, redis
 
 class FakeMember:
     def __init__(self) -> None:
-        from gateway.replicas.balancer import ReplicaState
+        from gateway.upstreams.replicas.balancer import ReplicaState
 
         self.state = ReplicaState(name="r0")
 

@@ -122,9 +122,9 @@ def test_other_route_kinds_keep_big_bodies_in_process(mock_upstream, make_gatewa
 
 
 async def test_a_worker_that_dies_fails_its_request_alone():
-    from gateway.big_bodies import Prepared, dumps_settings, prepare, worker_init
-    from gateway.offload import HeavyWork
-    from gateway.settings import Settings
+    from gateway.boundary.offload import HeavyWork
+    from gateway.config.settings import Settings
+    from gateway.pipeline.big_bodies import Prepared, dumps_settings, prepare, worker_init
 
     routes = [{"name": "mock", "models": ["*"], "kind": "openai", "base_url": "http://x/v1"}]
     work = HeavyWork(
@@ -156,9 +156,9 @@ def test_workers_exit_when_their_gateway_is_killed(tmp_path):
     script = tmp_path / "gw.py"
     script.write_text(
         "import asyncio, os, sys\n"
-        "from gateway.big_bodies import dumps_settings, worker_init\n"
-        "from gateway.offload import HeavyWork\n"
-        "from gateway.settings import Settings\n"
+        "from gateway.pipeline.big_bodies import dumps_settings, worker_init\n"
+        "from gateway.boundary.offload import HeavyWork\n"
+        "from gateway.config.settings import Settings\n"
         "routes = [{'name': 'm', 'models': ['*'], 'kind': 'openai', 'base_url': 'http://x/v1'}]\n"
         "async def main():\n"
         "    work = HeavyWork(0, process_min_bytes=1, process_workers=1, process_init=(\n"

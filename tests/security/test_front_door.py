@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.request_body import nested_deeper_than
+from gateway.boundary.body import nested_deeper_than
 from tests.security.conftest import ADMIN_KEY, TENANT_A_KEY, auth
 from tests.support.clients import sdk_client
 from tests.support.gateway import openai_route

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from tests.security.conftest import (
     ADMIN_KEY,
     SECRETS,

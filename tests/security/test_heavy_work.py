@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway.offload import HeavyWork
+from gateway.boundary.offload import HeavyWork
 from tests.security.conftest import TENANT_A_KEY, auth
 from tests.support.gateway import openai_route
 
@@ -79,7 +79,7 @@ def test_big_bodies_get_the_same_policies_off_the_loop(
 
 
 async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch):
-    from gateway.policy_runner import report_headers
+    from gateway.pipeline.policies import report_headers
     from policies import DEFAULT_POLICIES, PolicyContext, build_chain
 
     class PanicException(BaseException):  # what pyo3 raises; not an Exception

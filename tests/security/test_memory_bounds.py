@@ -10,8 +10,8 @@ import pytest
 
 from bench.harness import free_port
 from gateway.app import create_app
-from gateway.routes import MATCH_CACHE_BYTES, Route, RouteTable
-from gateway.settings import Settings, SettingsError, load_settings
+from gateway.config.routes import MATCH_CACHE_BYTES, Route, RouteTable
+from gateway.config.settings import Settings, SettingsError, load_settings
 from policies import DEFAULT_POLICIES, PolicyContext, build_chain
 from policies.chain import MAX_CACHE_KEY_CHARS
 from tests.security.conftest import TENANT_A_KEY, auth

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
+from gateway.config.settings import Settings, SettingsError
 from gateway.errors import GatewayError
-from gateway.settings import Settings, SettingsError
-from gateway.upstream_paths import parse_target, upstream_url
+from gateway.paths import parse_target, upstream_url
 from tests.security.conftest import UPSTREAM_KEY
 from tests.support.clients import sdk_client
 from tests.support.gateway import GatewayThread, anthropic_route, openai_route

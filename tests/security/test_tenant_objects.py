@@ -13,15 +13,15 @@ import pytest
 import redis
 
 from bench.mock_openai import MockBehaviour, MockUpstream, ThreadedServer
-from gateway.errors import GatewayError
-from gateway.ownership import (
+from gateway.boundary.ownership import (
     MemoryRecords,
     Ownership,
     RedisRecords,
     find_references,
     might_reference,
 )
-from gateway.passthrough_relay import created_ids
+from gateway.doors.passthrough_relay import created_ids
+from gateway.errors import GatewayError
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
 from tests.support.clients import sdk_client
 from tests.support.gateway import openai_route

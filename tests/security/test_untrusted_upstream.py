@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.routes import Route
+from gateway.config.routes import Route
 from gateway.sse import EventTooLarge, SSEParser
 from gateway.translation.anthropic import TranslationError, to_anthropic_request
-from gateway.upstreams import CallContext, UpstreamError
+from gateway.upstreams.base import CallContext, UpstreamError
 from gateway.upstreams.openai import OpenAIUpstream
 from tests.security.conftest import UPSTREAM_KEY
 from tests.security.hostile_upstream import (

@@ -11,8 +11,8 @@ import uvicorn
 from bench.harness import free_port
 from bench.mock_openai import ThreadedServer
 from gateway.app import create_app
-from gateway.server import server_config
-from gateway.settings import Settings
+from gateway.config.settings import Settings
+from gateway.run.server import server_config
 
 UPSTREAM_KEY_ENV = "MOCK_KEY"
 """The variable `openai_route` names for the upstream key; `make_gateway` sets it."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.aggregate import Aggregate, fold_event
 from gateway.telemetry.telemetry import FLUSH_BATCH, FLUSH_INTERVAL_S

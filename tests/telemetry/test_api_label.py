@@ -14,15 +14,15 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
-from gateway.metrics_api import metrics_endpoints
+from gateway.boundary.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.ops.metrics import metrics_endpoints
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.aggregate import fold_event
 from gateway.telemetry.cli import metrics_main
 from gateway.telemetry.event import APIS
 from gateway.telemetry.keys import KeySpace
+from gateway.telemetry.record import RequestTiming
 from gateway.telemetry.report import SloConfig, tenant_report
-from gateway.timing import RequestTiming
 from tests.telemetry.prometheus_quantile import samples
 from tests.telemetry.telemetry_events import aggregate_events, make_telemetry
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench.harness import free_port
-from gateway.settings import SettingsError
+from gateway.config.settings import SettingsError
 from gateway.telemetry.redis_check import check_redis_url, redact_url
 
 VAR = "FIRSTTOKEN_REDIS_URL"

@@ -18,10 +18,11 @@ import pytest
 from starlette.applications import Starlette
 
 from bench.harness import free_port
-from gateway.auth import KeyRing, parse_admin_keys, parse_tenant_keys
-from gateway.metrics_api import metrics_endpoints
+from gateway.boundary.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.ops.metrics import metrics_endpoints
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.keys import KeySpace
+from gateway.telemetry.record import RequestTiming
 from gateway.telemetry.redis_store import RedisStore
 from gateway.telemetry.report import SloConfig, tenant_report
 from gateway.telemetry.series import (
@@ -32,7 +33,6 @@ from gateway.telemetry.series import (
     tenant_series,
 )
 from gateway.telemetry.store import MemoryStore
-from gateway.timing import RequestTiming
 from tests.support.clients import sdk_client
 from tests.support.gateway import openai_route
 from tests.telemetry.telemetry_events import (

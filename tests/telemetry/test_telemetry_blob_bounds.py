@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from gateway.telemetry import Telemetry, store, writer
 from gateway.telemetry.store import MemoryStore
 

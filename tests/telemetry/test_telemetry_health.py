@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from gateway.telemetry import RequestEvent, Telemetry, writer
 from gateway.telemetry.store import MemoryStore
 from tests.telemetry.telemetry_events import make_telemetry, until

@@ -3,7 +3,7 @@ import time
 
 import redis.exceptions
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 from gateway.telemetry import RequestEvent, Telemetry, redis_store
 from gateway.telemetry.store import MemoryStore
 

@@ -1,0 +1,2 @@
+"""The trust boundary: admission (request id, tenant, bounded body, parse, route), keys, ownership,
+heavy-work offload."""

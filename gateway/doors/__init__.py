@@ -1,0 +1,2 @@
+"""One module per client API: each converts its request in and its answer out around the
+pipeline."""

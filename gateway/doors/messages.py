@@ -1,0 +1,263 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API as a door,
+so that an application holding the `anthropic` SDK points its `base_url` at the gateway.
+
+The request is routed by its `model` like chat's:
+
+- to an `anthropic` route it goes in Anthropic's own format, through the route's policies
+  applied to the Messages shape (`cache_hints` adds breakpoints only where the client set none),
+  else byte for byte unless the route's `model_map` renames the model, so the client's
+  `cache_control` and everything else it sent arrive as sent;
+- to an `openai` or `local` route it is translated to chat (`gateway.translation`) and served by
+  the chat path (policies, retries, fallbacks, TTFT), the answer translated back as it streams;
+  `count_tokens` there is an estimate that says so (`x-firsttoken-estimate`).
+
+The exchange with an `anthropic` route keeps the guarantees of the chat path:
+
+- the tenant comes from its key (`x-api-key` or `Authorization: Bearer`), which never goes
+  upstream; the route's key does, to the route's own origin only (`Upstream.forward`);
+- the body is bounded like chat's (bytes, JSON containers and depth, `model`, `messages`);
+- only `anthropic-version` (default 2023-06-01) and `anthropic-beta` of the client's headers
+  are forwarded;
+- the route's timeout bounds the whole exchange, and a client that leaves closes the upstream
+  request at once;
+- the answer is relayed within limits, in Anthropic's shapes (`messages_relay`);
+- each `messages` request is recorded in telemetry once, with its TTFT and usage.
+
+Not done on `anthropic` routes: retries and fallbacks (a failure is the client's to retry, as
+Anthropic's SDK does by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.boundary.body import parse_json, read_body, require_model
+from gateway.boundary.client_watch import ClientWatch
+from gateway.boundary.request_id import next_request_id
+from gateway.config.routes import Route
+from gateway.config.settings import Settings
+from gateway.doors.messages_relay import MessagesRelay, error_body, send_error
+from gateway.doors.translated import MessagesShape, serve_as_chat, translate_request
+from gateway.errors import GatewayError
+from gateway.paths import PassPath, fixed_path
+from gateway.pipeline.native_body import NativeBody, native_body
+from gateway.telemetry.record import RequestTiming
+from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
+from gateway.upstreams.anthropic import ANTHROPIC_VERSION
+from gateway.upstreams.base import UpstreamError
+from policies.tokens import count_request_tokens
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+log = logging.getLogger("firsttoken.messages")
+
+MESSAGES = fixed_path("messages")
+COUNT_TOKENS = fixed_path("messages", "count_tokens")
+
+
+async def messages_door(request: Request, gateway: Gateway, path: PassPath) -> ASGIApp:
+    """The ASGI answer to one `POST /v1/messages` (or its `count_tokens`): the exchange with
+    an `anthropic` route, or the chat path's answer translated back, or an Anthropic error."""
+    arrival, wall_arrival = time.perf_counter(), time.time()
+    request_id = next_request_id()
+    settings = gateway.settings
+    try:
+        tenant = gateway.keys.tenant_for(request)
+        raw = await read_body(request, settings.max_body_bytes)
+        body, model, stream = parse_messages(raw, settings, path)
+        route = (await gateway.chain_for(model))[0]
+        if route.kind != "anthropic":
+            return await _translated(request, gateway, path, body, model, route, arrival)
+        timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
+        timing.api = "messages"
+        timing.route = route.name
+        if path is COUNT_TOKENS:  # not a generation: no policy reports, no diagnostics
+            prepared = NativeBody(_renamed(raw, body, model, route))
+        else:
+            prepared = await native_body(gateway, request, route, "messages", raw, body, timing)
+    except GatewayError as exc:
+        return anthropic_error(exc, request_id)
+    return MessagesExchange(request, gateway, path, request_id, route, timing, prepared)
+
+
+async def _translated(
+    request: Request,
+    gateway: Gateway,
+    path: PassPath,
+    body: dict,
+    model: str,
+    route: Route,
+    arrival: float,
+) -> ASGIApp:
+    """A Messages request for an `openai` or `local` route, served by the chat path."""
+    translated = translate_request(messages_request_to_chat, body, model, route)
+    if path is COUNT_TOKENS:
+        count = count_request_tokens(translated.body)
+        return Response(
+            orjson.dumps({"input_tokens": count}),
+            media_type="application/json",
+            headers={"x-firsttoken-estimate": "cl100k_base count of the translated request"},
+        )
+    shape = MessagesShape(model)
+    return await serve_as_chat(gateway, request, translated, "messages", shape, arrival)
+
+
+def anthropic_error(exc: GatewayError, request_id: str) -> Response:
+    """A gateway error on this door, in Anthropic's shape."""
+    return Response(
+        error_body(exc.message, anthropic_error_type(exc.status)),
+        status_code=exc.status,
+        media_type="application/json",
+        headers={"x-request-id": request_id, "request-id": request_id},
+    )
+
+
+def parse_messages(raw: bytes, settings: Settings, path: PassPath) -> tuple[dict, str, bool]:
+    """(body, model, stream), within the same limits as chat; a 400 naming what is wrong."""
+    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    model = require_model(body, settings.max_model_chars)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise GatewayError(400, "'messages' is required and must be an array.")
+    if len(messages) > settings.max_messages:
+        raise GatewayError(
+            400,
+            f"'messages' has more than {settings.max_messages} entries (FIRSTTOKEN_MAX_MESSAGES).",
+        )
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(400, "'stream' must be a boolean.")
+    return body, model, path is MESSAGES and stream is True
+
+
+def _renamed(raw: bytes, body: dict, model: str, route: Route) -> bytes:
+    """The client's bytes as they came, unless the route renames the model."""
+    upstream_model = route.upstream_model(model)
+    if upstream_model == model:
+        return raw
+    try:
+        return orjson.dumps({**body, "model": upstream_model})
+    except orjson.JSONEncodeError as exc:
+        raise GatewayError(400, f"The request body cannot be encoded as JSON ({exc}).") from None
+
+
+def forward_headers(request: Request) -> dict[str, str]:
+    """What the upstream gets of the client's headers: the API version and beta flags only."""
+    headers = {
+        "content-type": "application/json",
+        "anthropic-version": request.headers.get("anthropic-version") or ANTHROPIC_VERSION,
+    }
+    beta = request.headers.get("anthropic-beta")
+    if beta:
+        headers["anthropic-beta"] = beta
+    return headers
+
+
+def status_kind(status: int) -> str:
+    """A failed request's telemetry status (see `gateway.telemetry.event.STATUSES`)."""
+    if status == 504:
+        return "timeout"
+    return "client_error" if 400 <= status < 500 and status != 429 else "upstream_error"
+
+
+class MessagesExchange:
+    """One Messages API request to an `anthropic` route, as a raw ASGI response so that the
+    status line, the upstream connection and the client's departure are all in its hands."""
+
+    def __init__(
+        self,
+        request: Request,
+        gateway: Gateway,
+        path: PassPath,
+        request_id: str,
+        route: Route,
+        timing: RequestTiming,
+        prepared: NativeBody,
+    ) -> None:
+        self.request = request
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.path = path
+        self.request_id = request_id
+        self.route = route
+        self.timing = timing
+        self.prepared = prepared
+        self.relay: MessagesRelay | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = ClientWatch()
+        watch.start(receive)
+        self.relay = MessagesRelay(
+            send, self.timing, self.request_id, self.route.name, self.settings, self.prepared
+        )
+        try:
+            await self._exchange(self.route, self.prepared.data, self.timing.stream)
+        except asyncio.CancelledError:
+            if not watch.absorbed():
+                raise
+            self.timing.status = "client_gone"
+        except GatewayError as exc:
+            await self._fail(send, exc)
+        except Exception:  # a bug fails this request alone, with a clean 500 (logged)
+            log.exception("request %s: unhandled error on %s", self.request_id, scope["path"])
+            await self._fail(send, GatewayError(500, "Internal gateway error."))
+        finally:
+            watch.stop()
+            self._record()
+
+    # -- the exchange --------------------------------------------------------------------
+
+    async def _exchange(self, route: Route, data: bytes, stream: bool) -> None:
+        assert self.relay is not None
+        upstream = self.gateway.upstreams[route.name]
+        headers = forward_headers(self.request)
+        timeout = route.timeout_s or self.settings.timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                self.timing.upstream_sent = time.perf_counter()
+                try:
+                    resp = await upstream.forward("POST", self.path, headers, data)
+                except UpstreamError as exc:
+                    raise GatewayError(exc.status, exc.message) from None
+                try:
+                    await self.relay.answer(resp, stream)
+                finally:
+                    if resp.content.at_eof():
+                        resp.release()
+                    else:  # never back to the pool half-read; the upstream sees us leave
+                        resp.close()
+        except TimeoutError:
+            raise GatewayError(
+                504, f"Upstream {route.name!r} did not answer within {timeout}s."
+            ) from None
+
+    async def _fail(self, send: Send, exc: GatewayError) -> None:
+        level = logging.INFO if 400 <= exc.status < 500 else logging.WARNING
+        log.log(level, "request %s failed: %s", self.request_id, exc.message)
+        if self.timing.status == "ok":
+            self.timing.status = status_kind(exc.status)
+        if self.relay is not None:
+            await self.relay.error(exc)
+        else:
+            await send_error(send, exc, self.request_id)
+
+    def _record(self) -> None:
+        """One telemetry event per `messages` request that reached a route (count_tokens is
+        not a generation and is not recorded); telemetry never fails the request."""
+        if self.path is not MESSAGES:
+            return
+        try:
+            self.gateway.telemetry.record(self.timing.to_event())
+        except Exception as exc:  # noqa: BLE001  # telemetry must never fail the response
+            log.warning(
+                "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
+            )

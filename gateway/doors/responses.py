@@ -1,0 +1,190 @@
+"""`POST /v1/responses`: OpenAI's Responses API as a first-class door.
+
+The body is checked like chat's (a 400 in OpenAI's shape) and routed by its `model` like chat:
+
+- to an `openai` route it goes in its own shape, through the route's policies (slim and
+  canonicalize `instructions`, `input` items and `tools`; `prompt_cache_key`; prefix
+  diagnostics), and the answer is relayed by the passthrough exchange (its limits, tenant
+  ownership of the stored response), read on the way for TTFT (the first output delta) and usage
+  (cached tokens included);
+- to an `anthropic` or `local` route it is translated to chat (`gateway.translation`) and served
+  by the chat path, its answer translated back as it streams. What only OpenAI keeps on its side
+  (`previous_response_id`, built-in tools, stored prompts) is a 400 that says so.
+
+`GET`/`DELETE /v1/responses/{id}` and its `input_items` stay with the passthrough, which sends
+them to the route that created the response, for the tenant that created it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+from starlette.requests import Request
+from starlette.types import ASGIApp
+
+from gateway.boundary.body import parse_json, read_body, require_model
+from gateway.boundary.request_id import next_request_id
+from gateway.doors.passthrough import Exchange, ReadyBody
+from gateway.doors.translated import ResponsesShape, serve_as_chat, translate_request
+from gateway.errors import GatewayError
+from gateway.pipeline.native_body import NativeBody, native_body
+from gateway.sse import SSEEvent, event_name
+from gateway.telemetry.record import RequestTiming, token_count
+from gateway.translation.responses_chat import responses_request_to_chat
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+log = logging.getLogger("firsttoken.responses")
+
+# The deltas that carry output: the first of them is the first token.
+OUTPUT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.audio.delta",
+        "response.audio.transcript.delta",
+    }
+)
+FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+async def responses_door(request: Request, gateway: Gateway) -> ASGIApp:
+    """The ASGI answer to one `POST /v1/responses`."""
+    arrival, wall_arrival = time.perf_counter(), time.time()
+    request_id = next_request_id()
+    settings = gateway.settings
+    try:
+        tenant = gateway.keys.tenant_for(request)
+        raw = await read_body(request, settings.max_body_bytes)
+        body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+        model = require_model(body, settings.max_model_chars)
+        stream = validate_responses(body, settings.max_messages)
+        chain = await gateway.chain_for(model)
+        route = chain[0]
+        if route.kind != "openai":
+            translated = translate_request(responses_request_to_chat, body, model, route)
+            shape = ResponsesShape(body, model)
+            return await serve_as_chat(gateway, request, translated, "responses", shape, arrival)
+        timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
+        timing.api = "responses"
+        timing.route = route.name
+        prepared = await native_body(gateway, request, route, "responses", raw, body, timing)
+    except GatewayError as exc:
+        return exc.to_response(request_id)
+    observer = ResponsesObserver(gateway, timing, prepared, request_id)
+    return Exchange(request, gateway, ReadyBody(prepared.data, body, observer))
+
+
+def validate_responses(body: dict, max_items: int) -> bool:
+    """Enough of the body checked to route and measure it; the rest is the route's to judge.
+    Returns `stream`."""
+    items = body.get("input")
+    if not isinstance(items, str | list):
+        raise GatewayError(
+            400, "'input' is required and must be a string or an array.", param="input"
+        )
+    if isinstance(items, list) and len(items) > max_items:
+        raise GatewayError(
+            400,
+            f"'input' has more than {max_items} items (FIRSTTOKEN_MAX_MESSAGES).",
+            param="input",
+        )
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise GatewayError(400, "'instructions' must be a string.", param="instructions")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise GatewayError(400, "'tools' must be an array.", param="tools")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(400, "'stream' must be a boolean.", param="stream")
+    return stream is True
+
+
+def chat_usage(usage: object) -> dict | None:
+    """Responses usage (`input_tokens`, `input_tokens_details.cached_tokens`, ...) in chat's
+    shape, the one telemetry reads; every number is checked (the upstream is untrusted)."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details")
+    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return {
+        "prompt_tokens": token_count(usage.get("input_tokens")),
+        "completion_tokens": token_count(usage.get("output_tokens")),
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+class ResponsesObserver:
+    """Reads a native Responses answer for telemetry as the passthrough relays it, adds the
+    policy headers, and records the request once when it ends."""
+
+    def __init__(
+        self, gateway: Gateway, timing: RequestTiming, prepared: NativeBody, request_id: str
+    ) -> None:
+        self.gateway = gateway
+        self.timing = timing
+        self.prepared = prepared
+        self.request_id = request_id
+        self.failed = False
+
+    async def headers(self) -> dict[str, str]:
+        return {"x-request-id": self.request_id, **await self.prepared.headers()}
+
+    def whole(self, raw: bytes) -> None:
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(payload, dict):
+            self.timing.usage = chat_usage(payload.get("usage"))
+
+    def events(self, events: list[SSEEvent], arrived: float) -> None:
+        content = False
+        for event in events:
+            name = event_name(event)
+            if name in OUTPUT_DELTAS:
+                content = True
+            elif name in FINAL_EVENTS:
+                self.failed = name == "response.failed"
+                self._final_usage(event.data)
+            elif name == "error":
+                self.failed = True
+        if content:
+            self.timing.content_arrived(arrived, time.perf_counter())
+
+    def _final_usage(self, data: bytes | None) -> None:
+        try:
+            payload = orjson.loads(data) if data else None
+        except orjson.JSONDecodeError:
+            return
+        response = payload.get("response") if isinstance(payload, dict) else None
+        if isinstance(response, dict):
+            self.timing.usage = chat_usage(response.get("usage"))
+
+    def finish(self, status: int) -> None:
+        timing = self.timing
+        if self.failed:
+            timing.status = "upstream_error"
+        elif status == 499:
+            timing.status = "client_gone"
+        elif status == 504:
+            timing.status = "timeout"
+        elif 400 <= status < 500 and status != 429:
+            timing.status = "client_error"
+        elif status >= 300:
+            timing.status = "upstream_error"
+        try:
+            self.gateway.telemetry.record(timing.to_event())
+        except Exception as exc:  # noqa: BLE001  # telemetry must never fail the response
+            log.warning(
+                "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
+            )

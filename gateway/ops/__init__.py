@@ -1,0 +1,1 @@
+"""Operator endpoints: TTFT metrics, cache advice and the dashboard."""

@@ -1,0 +1,50 @@
+"""`GET /v1/metrics/cache-advice`: which policy opt-in would pay, per prefix family.
+
+Same rules as `/v1/metrics/ttft`: a tenant sees only its own families (asking for another is a
+403); an admin key may name any tenant with `?tenant=`, or all with `?tenant=*`. `?window=`
+(seconds, default 3600) is rounded out to whole advisor buckets (`ADVICE_BUCKET_S`), and the
+advisor keeps at most `ADVICE_RETENTION_S` of history. See `gateway.advisor` for how the figures
+are made and what they estimate.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.advisor import advisor_for, bucket_of, tenant_advice
+from gateway.ops.metrics import asked_tenant, json_answer, tenant_to_read, window_param
+from gateway.telemetry.store import ADVICE_BUCKET_S
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+
+async def _tenant_answer(gateway: Gateway, tenant: str, window: int) -> dict:
+    last = bucket_of(time.time())
+    first = last - (window + ADVICE_BUCKET_S - 1) // ADVICE_BUCKET_S + 1
+    per_family = await gateway.telemetry.read_advice(tenant, first, last)
+    return tenant_advice(tenant, per_family, window)
+
+
+def advice_endpoints(gateway: Gateway) -> list[Route]:
+    # The variants add their opt-in to the options this gateway runs with.
+    advisor_for(gateway.telemetry).configure(gateway.settings.policy_options)
+
+    async def cache_advice(request: Request) -> Response:
+        async def read() -> dict:
+            window = window_param(request)
+            tenant, _ = tenant_to_read(gateway, request, asked_tenant(request), "cache advice")
+            if tenant != "*":
+                return await _tenant_answer(gateway, tenant, window)
+            tenants = await gateway.telemetry.known_tenants()
+            answers = [await _tenant_answer(gateway, t, window) for t in tenants]
+            return {"window_s": window, "tenants": [a for a in answers if a["families"]]}
+
+        return await json_answer(read, "cache advice")
+
+    return [Route("/v1/metrics/cache-advice", cache_advice, methods=["GET"])]

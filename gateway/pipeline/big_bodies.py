@@ -1,0 +1,184 @@
+"""Big chat and completions bodies are parsed, checked and transformed in worker processes.
+
+orjson parses a 16 MB body in 60-160 ms and holds the interpreter all along, so on the event loop
+(or on a thread: the GIL is the same) one tenant's big body would stall every other tenant's
+stream for that long. A body of at least `FIRSTTOKEN_BIG_BODY_BYTES` therefore goes, as bytes,
+to a small process pool that does what the loop would have done: parse within the limits,
+validate, find object references, run the policy chain for each route of the model's chain and
+encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
+
+Only chains of `openai` routes take this path: their upstream body is the encoded JSON as it
+is. Anthropic and local routes need the parsed body in this process; theirs stay on the thread
+path (`gateway.boundary.offload`). Worker functions take and return only plain data, so nothing of
+the gateway's state crosses the process boundary besides what `worker_init` receives.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config.settings import SECRET_FIELDS, Settings
+from gateway.errors import GatewayError
+
+# Set in each worker process by `worker_init`.
+_WORKER: dict[str, Any] = {}
+WORKER_NICE = 19  # a worker yields the CPU to the serving loop whenever both want it
+
+
+@dataclass(frozen=True)
+class RouteBody:
+    encoded: bytes  # the upstream request body
+    upstream_model: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the loop needs from a big body."""
+
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    references: list[str]
+    bodies: dict[str, RouteBody]  # per route name of the chain
+    applied: list[str] | None  # None: no policy ran (or the chain failed)
+    tokens_saved: int | None
+    cache_key: str | None
+    fingerprints: bytes | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A GatewayError, as plain data (its keyword-only constructor does not pickle)."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def error(self) -> GatewayError:
+        return GatewayError(
+            self.status, self.message, type=self.type, param=self.param, code=self.code
+        )
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """The body's chain needs the parsed body in the gateway process (not only `openai`)."""
+
+    reason: str = field(default="route kind")
+
+
+def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
+    """Build, once per worker, the settings, route table and policy chains it needs, from
+    `dumps_settings` (the policy options included) and the gateway's routes."""
+    from gateway.config.routes import Route, RouteTable
+    from gateway.pipeline.policies import PolicyRunner
+
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+    _exit_with_parent()
+    settings = Settings.model_validate(settings_data)
+    routes = [Route.model_validate(data) for data in routes_data]
+    _WORKER.update(
+        settings=settings,
+        table=RouteTable(routes),
+        policies=PolicyRunner(settings, routes),
+    )
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers; each watches for its
+    parent to go and exits, instead of holding its memory forever."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def prepare(
+    raw: bytes,
+    endpoint: str,
+    tenant: str,
+    policy_header: str | None,
+    find_refs: bool,
+    fingerprints: bool,
+) -> Prepared | Refused | NotHere:
+    """In a worker: everything the loop would do with `raw` before the upstream call."""
+    try:
+        return _prepare(raw, endpoint, tenant, policy_header, find_refs, fingerprints)
+    except GatewayError as exc:
+        return Refused(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+def _prepare(
+    raw: bytes,
+    endpoint: str,
+    tenant: str,
+    policy_header: str | None,
+    find_refs: bool,
+    fingerprints: bool,
+) -> Prepared | NotHere:
+    from gateway.boundary.body import parse_request
+    from gateway.boundary.ownership import find_references, might_reference
+    from gateway.pipeline.prepared import PolicyBodies
+    from gateway.upstreams.base import UpstreamError, encode_body
+
+    settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
+    body, model = parse_request(raw, endpoint, settings)
+    route = table.match(model)
+    if route is None:
+        return NotHere("no route")  # the loop answers with its own 404/503
+    chain = table.chain(route)
+    if any(r.kind != "openai" for r in chain):
+        return NotHere()
+    names = policies.names_for(route, policy_header)
+    stream = bool(body.get("stream"))
+    per_route = PolicyBodies(
+        policies, names, body, endpoint=endpoint, tenant=tenant, model=model, stream=stream
+    )
+    bodies = {}
+    for r in chain:
+        out = per_route.for_route(r)
+        try:
+            encoded = encode_body(out)
+        except UpstreamError as exc:  # the client's body cannot be written as JSON
+            raise GatewayError(400, exc.message, code="invalid_body") from None
+        bodies[r.name] = RouteBody(encoded, out["model"])
+    primary = per_route.results[route.name]
+    tokens_saved = blob = None
+    if primary is not None:
+        try:
+            primary.measure(fingerprints=fingerprints)
+            tokens_saved = max(0, primary.prompt_tokens_saved)
+            blob = primary.fingerprints.to_bytes() if primary.fingerprints is not None else None
+        except Exception:  # noqa: BLE001  # the report degrades, never the request
+            tokens_saved = blob = None
+    options = body.get("stream_options")
+    return Prepared(
+        model=model,
+        stream=stream,
+        client_wants_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        references=find_references(body) if find_refs and might_reference(raw) else [],
+        bodies=bodies,
+        applied=list(primary.applied) if primary is not None else None,
+        tokens_saved=tokens_saved,
+        cache_key=primary.cache_key if primary is not None else None,
+        fingerprints=blob,
+    )
+
+
+def dumps_settings(settings: Settings) -> dict:
+    """Settings as plain data for `worker_init`: JSON types only, and no key (a worker
+    authenticates nobody and calls no upstream)."""
+    return settings.model_dump(mode="json", exclude=set(SECRET_FIELDS))

@@ -1,0 +1,188 @@
+"""The gateway's side of the policies: which chain runs for a request, and the prefix-break
+diagnostics that need the telemetry store. The policies themselves are pure (`policies/`)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Sequence
+
+from gateway.advisor import observe_cache_advice
+from gateway.boundary.offload import HeavyWork
+from gateway.config.routes import Route
+from gateway.config.settings import Settings, SettingsError
+from gateway.errors import GatewayError
+from policies import (
+    PolicyChain,
+    PolicyConfigError,
+    PolicyContext,
+    PolicyResult,
+    build_chain,
+    parse_policy_list,
+)
+from policies.config import ENV_PREFIX
+from policies.diagnostics import (
+    PrefixBreak,
+    PrefixFingerprints,
+    find_prefix_break,
+    stable_prefix_tokens,
+)
+
+log = logging.getLogger("firsttoken.policies")
+
+POLICY_HEADER = "x-firsttoken-policies"
+
+
+def is_extension_panic(exc: BaseException) -> bool:
+    """A Rust extension's panic (pyo3's PanicException, e.g. from the tokenizer) derives from
+    BaseException, not Exception; a broken policy must still degrade itself, not the request."""
+    return type(exc).__name__ == "PanicException"
+
+
+class PolicyRunner:
+    """Builds each distinct chain once, at start-up, so that a bad route policy fails the start,
+    not a request."""
+
+    def __init__(self, settings: Settings, routes: Sequence[Route]) -> None:
+        self.allow_client = settings.allow_client_policies
+        self._options = settings.policy_options
+        self.default_names = settings.policies
+        self._chains: dict[tuple[str, ...], PolicyChain] = {}
+        self._chain(self.default_names)  # names and options were validated with the settings
+        for route in routes:
+            if route.policies is not None:
+                try:
+                    self._chain(tuple(route.policies))
+                except PolicyConfigError as exc:
+                    reason = str(exc).removeprefix(f"{ENV_PREFIX}POLICIES: ")
+                    raise SettingsError(
+                        f"{ENV_PREFIX}ROUTES: route {route.name!r} policies: {reason}"
+                    ) from None
+
+    def _chain(self, names: tuple[str, ...]) -> PolicyChain:
+        chain = self._chains.get(names)
+        if chain is None:
+            chain = self._chains[names] = build_chain(names, self._options)
+        return chain
+
+    def names_for(self, route: Route, header: str | None) -> tuple[str, ...]:
+        if header is not None:
+            if not self.allow_client:
+                raise GatewayError(
+                    403,
+                    f"The {POLICY_HEADER} header is disabled on this gateway.",
+                    param=POLICY_HEADER,
+                    code="policy_override_forbidden",
+                )
+            try:
+                return parse_policy_list(header)
+            except PolicyConfigError as exc:
+                raise GatewayError(400, f"{POLICY_HEADER}: {exc}", param=POLICY_HEADER) from None
+        return tuple(route.policies) if route.policies is not None else self.default_names
+
+    def apply(self, names: tuple[str, ...], body: dict, ctx: PolicyContext) -> PolicyResult | None:
+        """Transform only; the result's report is measured later, off the first-token path.
+        None when no policy runs or a policy fails: a broken policy degrades itself, not the
+        request."""
+        if not names:
+            return None
+        try:
+            return self._chain(names).transform(body, ctx)
+        except PolicyConfigError:
+            raise
+        except Exception:
+            log.exception("policy chain %s failed; forwarding the request unchanged", names)
+            return None
+        except BaseException as exc:
+            if not is_extension_panic(exc):
+                raise
+            log.error("policy chain %s panicked; forwarding the request unchanged", names)
+            return None
+
+
+async def report_headers(
+    telemetry, tenant: str, result: PolicyResult, offload: HeavyWork | None = None
+) -> dict[str, str]:
+    """Measure what the policies did and compare this request's prefix fingerprints with the
+    family's last ones, then store these. Runs while the upstream request is in flight;
+    degrades to fewer headers rather than fail a request. With `offload` (a big body), the
+    counting and comparing run on the heavy-work pool instead of the event loop."""
+    # Yield once first: the task is created before the upstream request, and on Python < 3.12
+    # aiohttp writes the request body from a task of its own, queued after this one. Going to
+    # the back of the queue lets the request leave before the counting starts.
+    await asyncio.sleep(0)
+    measure = functools.partial(result.measure, fingerprints=telemetry.enabled)
+    try:
+        if offload is not None:
+            await offload.run(tenant, measure)
+        else:
+            measure()
+    except Exception:
+        log.exception("measuring the policy result failed")
+        return {}
+    except BaseException as exc:
+        if not is_extension_panic(exc):
+            raise
+        log.error("measuring the policy result panicked")
+        return {}
+    headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
+    if result.fingerprints is not None and result.cache_key:
+        headers.update(
+            await _prefix_break(telemetry, tenant, result.cache_key, result.fingerprints, offload)
+        )
+    # Shadow cache advice: a task of its own that nothing awaits; it never raises.
+    observe_cache_advice(telemetry, tenant, result)
+    return headers
+
+
+async def _prefix_break(
+    telemetry,
+    tenant: str,
+    cache_key: str,
+    fingerprints: PrefixFingerprints,
+    offload: HeavyWork | None,
+) -> dict[str, str]:
+    try:
+        previous_blob = await telemetry.get_fingerprints(tenant, cache_key)
+        telemetry.put_fingerprints(tenant, cache_key, fingerprints.to_bytes())
+        if previous_blob is None:
+            return {}
+        compare = functools.partial(_compare, previous_blob, fingerprints)
+        found, stable = await offload.run(tenant, compare) if offload is not None else compare()
+        if found is not None:
+            telemetry.record_prefix_break(tenant, found.kind)
+            return {"x-firsttoken-prefix-break": found.location}
+        return {"x-firsttoken-prefix-stable-tokens": str(stable)}
+    except Exception:
+        log.exception("prefix-break diagnostics failed")
+        return {}
+
+
+async def prepared_report_headers(
+    telemetry,
+    tenant: str,
+    tokens_saved: int | None,
+    cache_key: str | None,
+    blob: bytes | None,
+    offload: HeavyWork,
+) -> dict[str, str]:
+    """`report_headers` for a big body whose report a worker process measured: the prefix
+    comparison with the family's last fingerprints still needs the telemetry store."""
+    headers = (
+        {} if tokens_saved is None else {"x-firsttoken-prompt-tokens-saved": str(tokens_saved)}
+    )
+    if blob is not None and cache_key:
+        try:
+            fingerprints = await offload.run(tenant, PrefixFingerprints.from_bytes, blob)
+        except Exception:
+            log.exception("reading a worker's prefix fingerprints failed")
+            return headers
+        headers.update(await _prefix_break(telemetry, tenant, cache_key, fingerprints, offload))
+    return headers
+
+
+def _compare(previous_blob: bytes, current: PrefixFingerprints) -> tuple[PrefixBreak | None, int]:
+    previous = PrefixFingerprints.from_bytes(previous_blob)
+    found = find_prefix_break(previous, current)
+    return found, (0 if found is not None else stable_prefix_tokens(previous, current))

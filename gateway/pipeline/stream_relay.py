@@ -1,0 +1,303 @@
+"""Relaying one upstream event stream to the client: written the moment each event arrives.
+
+`StreamRelay` is a raw ASGI response so that the moment the status line goes out is ours to
+choose: an upstream failure before any event can still become a 502/503/504 (or a fallback, by
+way of `Proxy.attempt`), while every event after the first is written the moment it arrives.
+Whatever the upstream does, the client's stream ends the same way: a finish or an error event,
+then `data: [DONE]`, and nothing after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.boundary.client_watch import wait_for_disconnect
+from gateway.config.routes import Route
+from gateway.errors import sse_error_event
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.proxy import (
+    Proxy,
+    error_type,
+    log_failure,
+    status_kind,
+    upstream_error_response,
+    upstream_headers,
+)
+from gateway.sse import DONE, KEEPALIVE, SSE_RAW_HEADERS
+from gateway.telemetry.record import RequestTiming
+from gateway.upstreams.base import (
+    CallContext,
+    OutEvent,
+    Upstream,
+    UpstreamError,
+    UpstreamTimeout,
+)
+
+log = logging.getLogger("firsttoken.proxy")
+
+
+class StreamRelay:
+    """ASGI response that relays upstream SSE events to the client as they arrive.
+
+    Whatever the upstream does, the client's stream ends the same way: a finish or an error
+    event, then `data: [DONE]`, and nothing after it."""
+
+    def __init__(self, proxy: Proxy, plan: PreparedRequest, timing: RequestTiming) -> None:
+        self.proxy = proxy
+        self.plan = plan
+        self.timing = timing
+        self.started = False
+        self.client_gone = False
+        self.finished = False
+        self.saw_done = False  # [DONE] went out
+        self.saw_finish = False  # a chunk with a finish_reason went out
+        self.saw_error = False  # an error event went out
+        self.saw_malformed = False  # an event turned out not to be JSON after it went out
+        self._relayed: list[tuple[bytes, bytes]] | None = None
+        self._start_lock = asyncio.Lock()
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._keepalive_task: asyncio.Task | None = None
+        self._keepalives_stopped = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The relay runs in this task (no extra hop before the upstream request goes out); a
+        # watcher cancels it the moment the client disconnects, which closes the upstream.
+        relay_task = asyncio.current_task()
+        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        watcher.add_done_callback(lambda w: self._on_disconnect(w, relay_task))
+        try:
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not self.client_gone or relay_task is None:
+                raise
+            relay_task.uncancel()
+        finally:
+            self.finished = True
+            watcher.cancel()
+            self.plan.finish(self.timing)
+
+    def _on_disconnect(self, watcher: asyncio.Future, relay_task: asyncio.Task | None) -> None:
+        if self.finished or watcher.cancelled() or watcher.exception() is not None:
+            return
+        self.client_gone = True
+        self.timing.status = "client_gone"
+        if relay_task is not None:
+            relay_task.cancel()
+
+    async def _start(self, send: Send) -> None:
+        if self.started:
+            return
+        async with self._start_lock:  # the keepalive task and the relay may both get here
+            if self.started:
+                return
+            headers = await self.plan.headers()
+            raw = [
+                *SSE_RAW_HEADERS,
+                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+                *upstream_headers(self.plan, self._relayed),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": raw})
+            self.started = True
+
+    async def _write(self, send: Send, data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    # Keepalives ride on a timer rather than a task per request: most first tokens come
+    # long before the first keepalive is due, and a timer costs nothing until it fires.
+    def _arm_keepalive(self, send: Send) -> None:
+        if not self._keepalives_stopped:
+            self._keepalive_timer = asyncio.get_running_loop().call_later(
+                self.proxy.settings.keepalive_s, self._keepalive_due, send
+            )
+
+    def _keepalive_due(self, send: Send) -> None:
+        self._keepalive_task = asyncio.ensure_future(self._send_keepalive(send))
+
+    async def _send_keepalive(self, send: Send) -> None:
+        await self._start(send)
+        await self._write(send, KEEPALIVE)
+        self._arm_keepalive(send)
+
+    def _stop_keepalives(self) -> None:
+        self._keepalives_stopped = True
+        if self._keepalive_timer is not None:
+            self._keepalive_timer.cancel()
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+
+    async def _open_and_first(
+        self, upstream: Upstream, body: dict, ctx: CallContext, route: Route, send: Send
+    ):
+        """Open the upstream stream and wait for its first events while a timer sends
+        keepalive comments; a first-token timeout here may still be retried (the client has
+        seen no event). Under a first-token deadline the status is held back until the first
+        event, so no keepalive may go out before it (a keepalive would send the 200): a
+        route that never answers then still ends in a clean 504."""
+        first_token_limit = self.proxy.first_token_timeout(route)
+        limit = first_token_limit or self.proxy.timeout(route)
+        self._keepalives_stopped = False
+        if first_token_limit is None or self.started:
+            self._arm_keepalive(send)
+        stream = None
+        try:
+            async with asyncio.timeout(limit):
+                stream = await upstream.open_stream(body, ctx)
+                self._relayed = getattr(stream, "relayed", None)
+                if first_token_limit is None:
+                    # No first-token deadline to enforce with a clean 504, so the status line
+                    # goes out now and the first event later travels alone, as from the
+                    # provider itself. Retries stay possible: the client has seen no event.
+                    await self._start(send)
+                iterator = stream.__aiter__()
+                try:
+                    first = await iterator.__anext__()
+                except StopAsyncIteration:
+                    first = []
+            return stream, iterator, first
+        except BaseException as exc:
+            if stream is not None:
+                await stream.aclose()
+            if isinstance(exc, TimeoutError):
+                raise UpstreamTimeout(
+                    f"no first token from route {route.name!r} within {limit}s"
+                ) from None
+            if isinstance(exc, Exception) and not isinstance(exc, UpstreamError):
+                # The stream broke before its first event (a reset, a truncated body): the
+                # client has seen no event, so this may still be retried or fall back.
+                raise UpstreamError(
+                    f"upstream {route.name!r} failed before its first event ({type(exc).__name__})"
+                ) from None
+            raise
+        finally:
+            self._stop_keepalives()
+
+    async def _relay(self, send: Send) -> None:
+        plan, timing = self.plan, self.timing
+        try:
+            (stream, iterator, first), route = await self.proxy.attempt(
+                plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
+            )
+        except UpstreamError as exc:
+            timing.status = status_kind(exc)
+            log_failure(plan, exc)
+            if not self.started:
+                response = upstream_error_response(exc, plan)
+                await response({"type": "http"}, _no_receive, send)
+            else:
+                await self._end(send, sse_error_event(exc.message, error_type(exc)) + DONE)
+            return
+
+        # The route's whole-request budget counts from when the answering attempt was sent.
+        deadline = (timing.upstream_sent or time.perf_counter()) + self.proxy.timeout(route)
+        try:
+            await self._start(send)
+            async with asyncio.timeout(deadline - time.perf_counter()):
+                if not await self._forward(send, first):
+                    async for batch in iterator:
+                        if await self._forward(send, batch):
+                            await _close_iterator(iterator)  # nothing after [DONE] is read
+                            break
+        except TimeoutError:
+            timing.status = "timeout"
+            tail = self._failed(sse_error_event("upstream timed out mid-stream", "timeout_error"))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # noqa: BLE001  # any break mid-stream ends it with an error event
+            log.warning(
+                "request %s: stream from route %s failed: %s",
+                plan.request_id,
+                timing.route,
+                type(exc).__name__,
+            )
+            timing.status = "upstream_error"
+            message = (
+                exc.message
+                if isinstance(exc, UpstreamError)
+                else (f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})")
+            )
+            tail = self._failed(sse_error_event(message))
+        else:
+            tail = self._ending()
+        finally:
+            await stream.aclose()
+        await self._end(send, tail)
+
+    async def _end(self, send: Send, tail: bytes) -> None:
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _failed(self, error_event: bytes) -> bytes:
+        """What a failure adds to the stream: an error event and [DONE], unless [DONE] is out."""
+        return b"" if self.saw_done else error_event + DONE
+
+    def _ending(self) -> bytes:
+        """What the upstream's stream lacked at its end: a [DONE], and an error event before
+        it when the answer did not finish (the upstream closed mid-answer) or was malformed."""
+        if self.saw_done:
+            return b""
+        if self.saw_malformed:
+            self.timing.status = "upstream_error"
+            return (
+                sse_error_event(
+                    f"upstream stream from route {self.timing.route!r} sent a malformed event"
+                )
+                + DONE
+            )
+        if not (self.saw_finish or self.saw_error):
+            self.timing.status = "upstream_error"
+            return (
+                sse_error_event(
+                    f"upstream stream from route {self.timing.route!r} ended before it finished"
+                )
+                + DONE
+            )
+        return DONE
+
+    async def _forward(self, send: Send, batch: list[OutEvent]) -> bool:
+        """Write a batch of events at once; read them for telemetry after the write, except
+        an event that may be the usage chunk the client did not ask for. True when the stream
+        is over: [DONE] went out, or an event turned out malformed."""
+        timing = self.timing
+        arrived = time.perf_counter()
+        keep_usage = self.plan.client_wants_usage
+        parts = []
+        for event in batch:
+            if not keep_usage and event.is_usage_only():
+                continue
+            parts.append(event.raw)
+        if parts:
+            await self._write(send, parts[0] if len(parts) == 1 else b"".join(parts))
+        written = time.perf_counter()
+        content = over = False
+        for event in batch:
+            event.resolve()
+            if event.usage is not None:
+                timing.usage = event.usage
+            if event.content:
+                content = True
+            if event.finish:  # may come with the last content
+                self.saw_finish = True
+            elif event.error:
+                timing.status = "upstream_error"
+                self.saw_error = True
+            elif event.done:
+                self.saw_done = over = True
+            elif event.malformed:
+                self.saw_malformed = over = True
+        if content:
+            timing.content_arrived(arrived, written)
+        return over
+
+
+async def _no_receive() -> dict:
+    return {"type": "http.disconnect"}
+
+
+async def _close_iterator(iterator: Any) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()

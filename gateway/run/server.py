@@ -1,0 +1,246 @@
+"""The HTTP server in front of the app: uvicorn's httptools protocol, with limits on the head.
+
+uvicorn sets no limit on the request line or the headers, and httptools joins the pieces of a
+long header value with `bytes +=`, so one unauthenticated 64 MB header costs quadratic time on
+the event loop and stalls every other client. `FrontDoorProtocol` counts head bytes as they
+arrive and never feeds the parser more of a head than the limit allows: past it, the client gets
+one OpenAI-shaped error (414 or 431) and the connection is closed. uvicorn's own plain-text 400
+for a malformed request becomes the same JSON shape.
+
+`server_config` is the one place that builds the uvicorn `Config`, for the CLI and the tests
+alike, so both run with the same limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.config.settings import Settings
+from gateway.errors import error_body
+
+# After an error response the server stops writing but keeps reading (and dropping) what the
+# client is still sending for this long, so the client reads the error instead of a reset.
+LINGER_S = 2.0
+_VERSION_BYTES = len(b" HTTP/1.1\r\n")
+_LINE_SLACK = 64  # more than any method name, its space and the version
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    """Caps on one request head (request line and header fields); see `Settings`."""
+
+    max_request_line_bytes: int = 8 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HeadLimits:
+        return cls(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_headers)
+
+
+class _Rejected(Exception):
+    """Raised from a parser callback: the head breaks a limit (carried out of httptools as the
+    context of its `HttpParserCallbackError`)."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+class FrontDoorProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head limits and JSON errors.
+
+    `data_received` feeds a head to the parser at most up to `max_header_bytes`; a head that has
+    not ended by then is refused without parsing the rest. Parser callbacks check the request
+    line (`on_url`, called for every piece of the target) and count header fields exactly.
+    A pipelined head that starts in the same read as the previous request's end is counted from
+    the next read: it may pass the byte limit by that one read (at most 256 KiB), which costs
+    linear time only, and its field count is exact regardless.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: HeadLimits = HeadLimits(),
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits
+        self._head_bytes: int | None = 0  # bytes of the current head fed so far; None in a body
+        self._heads_done = 0
+        self._fields = 0
+        self._rejected = False
+        self._deferred: tuple[int, str, str] | None = None
+
+    # bytes in -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if self._rejected:  # lingering after an error: drop what the client still sends
+            return
+        limit = self.limits.max_header_bytes
+        view: bytes | memoryview = data
+        while True:
+            head = self._head_bytes
+            if head is None or len(view) <= limit - head:
+                if head is not None:
+                    self._head_bytes = head + len(view)
+                self._feed(view)
+                return
+            # More than the head may still use: feed only that much. The head must end within
+            # it, or it is too large and the rest is never parsed.
+            room = limit - head
+            done = self._heads_done
+            self._head_bytes = limit
+            if not self._feed(memoryview(view)[:room]):
+                return
+            if self._heads_done == done:
+                self._reject(
+                    431,
+                    f"The request head exceeds {limit} bytes (FIRSTTOKEN_MAX_HEADER_BYTES).",
+                    "request_header_fields_too_large",
+                )
+                return
+            view = memoryview(view)[room:]
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Feed the parser; False when the rest of this read must not be parsed (an error was
+        answered, or an upgrade request ended HTTP parsing, as in uvicorn)."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return False
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Rejected):
+                self._reject(cause.status, cause.message, cause.code)
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self._reject(400, "Invalid HTTP request received.", "invalid_http_request")
+            return False
+        return True
+
+    # parser callbacks ---------------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        # Called for each piece of the target; uvicorn joins them in self.url.
+        target = len(self.url) + len(url)
+        limit = self.limits.max_request_line_bytes
+        if target + _LINE_SLACK > limit and (
+            target + len(self.parser.get_method()) + 1 + _VERSION_BYTES > limit
+        ):
+            raise _Rejected(
+                414,
+                f"The request line exceeds {limit} bytes (FIRSTTOKEN_MAX_REQUEST_LINE_BYTES).",
+                "uri_too_long",
+            )
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # uvicorn's own, plus the count; inline, as this runs for every header of every request.
+        self._fields += 1
+        if self._fields > self.limits.max_headers:
+            raise _Rejected(
+                431,
+                f"The request has more than {self.limits.max_headers} header "
+                "fields (FIRSTTOKEN_MAX_HEADERS).",
+                "request_header_fields_too_large",
+            )
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._heads_done += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # What follows on this connection is the next request's head.
+        self._head_bytes = self._fields = 0
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # The request is served as plain HTTP; uvicorn's two warnings per request would let any
+        # client flood the log.
+        self.logger.debug("Unsupported upgrade request.")
+
+    # errors -------------------------------------------------------------------------------
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if (
+            self._deferred is not None
+            and not self.pipeline
+            and self.cycle.response_complete
+            and not self.transport.is_closing()
+        ):
+            self._unset_keepalive_if_required()
+            self._answer(*self._deferred)
+
+    def _reject(self, status: int, message: str, code: str) -> None:
+        """Refuse the request being read: nothing more from this connection is parsed."""
+        self._rejected = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # Earlier requests on this connection are still being answered: the error follows
+            # their responses (see on_response_complete).
+            self._deferred = (status, message, code)
+            return
+        self._answer(status, message, code)
+
+    def _answer(self, status: int, message: str, code: str) -> None:
+        """Write one JSON error and close the connection, gracefully."""
+        self._deferred = None
+        body = orjson.dumps(error_body(message, "invalid_request_error", None, code))
+        content = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend(
+            [
+                b"content-type: application/json\r\n",
+                b"content-length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
+        self.transport.write(b"".join(content))
+        # Closing with unread input would reset the connection and could discard the answer
+        # before the client reads it: half-close, drop what still arrives, close a bit later.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+
+def server_config(
+    app: Any, settings: Settings, *, host: str, port: int, **options: Any
+) -> uvicorn.Config:
+    """The uvicorn `Config` for `app`: the front-door protocol with `settings`' head limits.
+
+    `options` are passed through to uvicorn (log level, loop, lifespan, keep-alive...); the HTTP
+    implementation is always this one, whatever else is installed, and WebSocket upgrades are
+    off unless asked for (the gateway serves none).
+    """
+    options.setdefault("ws", "none")
+    protocol = functools.partial(FrontDoorProtocol, limits=HeadLimits.from_settings(settings))
+    # uvicorn calls `http` as a protocol factory; its annotation admits only a class.
+    return uvicorn.Config(app, host=host, port=port, http=protocol, **options)  # type: ignore[arg-type]

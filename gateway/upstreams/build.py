@@ -1,0 +1,59 @@
+"""The upstream for a route: its kind, and for a replicated or pd route, one server each."""
+
+from __future__ import annotations
+
+from gateway.config.routes import Replica, Route
+from gateway.config.settings import Settings
+from gateway.upstreams.base import Upstream
+
+
+def build_upstream(route: Route, settings: Settings) -> Upstream:
+    """The upstream for `route`; its key comes from the settings, which read it at load."""
+    if route.kind == "local":
+        from gateway.upstreams.local import LocalUpstream
+
+        return LocalUpstream(
+            route,
+            device=settings.engine_device,
+            dtype=settings.engine_dtype,
+            isolate_tenants=settings.isolate_engine_tenants(),
+            max_num_batched_tokens=settings.engine_max_num_batched_tokens,
+        )
+    from gateway.upstreams.anthropic import AnthropicUpstream
+    from gateway.upstreams.openai import OpenAIUpstream
+
+    options = {
+        "pool_size": settings.pool_size,
+        "connect_timeout_s": settings.connect_timeout_s,
+        "max_event_bytes": settings.max_event_bytes,
+        "max_response_bytes": settings.max_response_bytes,
+    }
+
+    def one_server(replica: Replica) -> OpenAIUpstream:
+        # Each replica (or prefill/decode server) is reached like a one-server route of its
+        # own: its URL, its key (else the route's), the route's headers under its own.
+        one = route.model_copy(
+            update={
+                "base_url": replica.base_url,
+                "api_key_env": replica.api_key_env or route.api_key_env,
+                "headers": {**route.headers, **replica.headers},
+                "replicas": (),
+                "pd": None,
+            }
+        )
+        return OpenAIUpstream(one, api_key=settings.route_api_key(one), **options)
+
+    if route.pd is not None:
+        from gateway.upstreams.pd.router import PDUpstream
+
+        return PDUpstream(
+            route,
+            [one_server(r) for r in route.pd.prefill],
+            [one_server(r) for r in route.pd.decode],
+        )
+    if route.replicas:
+        from gateway.upstreams.replicas.fleet import ReplicatedUpstream
+
+        return ReplicatedUpstream(route, [one_server(r) for r in route.replicas])
+    kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
+    return kind(route, api_key=settings.route_api_key(route), **options)

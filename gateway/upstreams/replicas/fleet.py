@@ -1,0 +1,263 @@
+"""An `openai` route with several replicas, as one `Upstream`.
+
+Each request's canonical prompt (the policies already ran) is cut into chained block hashes;
+the `Balancer` picks a replica by expected cached share and load, among healthy ones. A request
+that fails with a 5xx, a timeout or a broken connection ejects its replica for a backoff that
+grows while it keeps failing (the proxy's retry then goes to another); a periodic probe brings
+an ejected replica back. With `hedge_after_ms`, a stream whose first token has not come in time
+is sent to the next-best replica too, and whichever produces a first token first is streamed;
+the other is closed at once.
+
+The proxy sees one upstream: retries, fallbacks, keepalives and telemetry work as for any route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.config.routes import Route
+from gateway.upstreams.base import (
+    CallContext,
+    Completed,
+    EventStream,
+    ModelCard,
+    OutEvent,
+    UpstreamBody,
+)
+from gateway.upstreams.replicas.balancer import Choice
+from gateway.upstreams.replicas.hedging import HedgeBudget, TtftTracker
+from gateway.upstreams.replicas.pool import (
+    PROBE_LIMIT_BYTES,
+    PROBE_TIMEOUT_S,
+    Member,
+    MemberStream,
+    ReplicaStats,
+    ServerPool,
+    first_model_cards,
+)
+from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from gateway.paths import PassPath
+    from gateway.upstreams.openai import OpenAIUpstream
+    from gateway.upstreams.replicas.shared_index import SharedPlacements
+
+# `Member`, `ReplicaStats` and the probe limits live in `gateway.upstreams.replicas.pool`; other
+# modules import them from here too.
+__all__ = [
+    "PROBE_LIMIT_BYTES",
+    "PROBE_TIMEOUT_S",
+    "Fleet",
+    "Member",
+    "ReplicaStats",
+    "ReplicatedUpstream",
+    "TrackedStream",
+]
+
+HEDGED_ENDPOINTS = frozenset({"chat", "completions"})
+
+
+class Fleet(Protocol):
+    """What operators' views and shared placements read of a route with several servers
+    (`ReplicatedUpstream`, and the prefill/decode router `gateway.upstreams.pd.PDUpstream`)."""
+
+    route: Route
+    members: dict[str, Member]
+    placements: SharedPlacements | None
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+class ReplicatedUpstream:
+    """The `Upstream` of a route with `replicas` (see the module docstring): one `ServerPool`,
+    with hedging on top."""
+
+    def __init__(self, route: Route, upstreams: list[OpenAIUpstream]) -> None:
+        self.route = route
+        self.pool = ServerPool(route, route.replicas, upstreams, route.balance)
+        self.members: dict[str, Member] = self.pool.members
+        self.balancer = self.pool.balancer
+        self.budget = HedgeBudget(route.hedge_max_ratio)
+        self.ttft = TtftTracker()
+        self.hedges = {"sent": 0, "won": 0, "lost": 0}
+        self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def warm_up(self) -> None:
+        await self.pool.warm_up()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    # -- what the proxy calls ---------------------------------------------------------------
+
+    async def model_cards(self) -> list[ModelCard]:
+        return await first_model_cards(self.members.values())
+
+    async def forward(
+        self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
+    ) -> aiohttp.ClientResponse:
+        """Passthrough paths (files, batches, ...) go to the first healthy replica in the
+        configured order, so that objects created there are found there again."""
+        return await self.pool.by_health()[0].upstream.forward(method, path, headers, data)
+
+    async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
+        blocks = self._blocks(body, ctx)
+        member = self.pool.sent(self.pool.choose(blocks), blocks, self.placements)
+        result = await self.pool.attempt(member, member.upstream.complete(body, ctx))
+        self.pool.ended(member, None)
+        return result
+
+    async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
+        blocks = self._blocks(body, ctx)
+        choice = self.pool.choose(blocks)
+        now = time.monotonic()
+        self.budget.request(now)
+        after = self._hedge_after(body, ctx)
+        if after is None:
+            return await self._open(choice, blocks, body, ctx)
+        primary = asyncio.ensure_future(self._open_first(choice, blocks, body, ctx))
+        try:
+            done, _ = await asyncio.wait({primary}, timeout=after)
+            if done:
+                return primary.result()
+            second = self._second(choice, blocks)
+            if second is None:
+                return await primary
+            self.hedges["sent"] += 1
+            ctx.hedged = True
+            secondary = asyncio.ensure_future(self._open_first(second, blocks, body, ctx))
+            return await self._race(primary, secondary)
+        except BaseException:
+            primary.cancel()
+            raise
+
+    # -- choosing ---------------------------------------------------------------------------
+
+    def _blocks(self, body: UpstreamBody, ctx: CallContext) -> list[bytes]:
+        seed = ctx.tenant if self.route.affinity_per_tenant else ""
+        return prefix_blocks(prompt_text(body), seed)
+
+    def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
+        """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
+        now = time.monotonic()
+        try:
+            second = self.pool.choose(blocks, frozenset({first.replica.name}))
+        except LookupError:
+            return None
+        if not second.replica.health.healthy(now) or not self.budget.allow(now):
+            return None
+        return second
+
+    def _hedge_after(self, body: UpstreamBody, ctx: CallContext) -> float | None:
+        """Seconds to wait for a first token before hedging; None: this request is not hedged
+        (no hedging configured, a single replica, or a request with side effects: `store`)."""
+        setting = self.route.hedge_after_ms
+        if setting is None or len(self.members) < 2 or ctx.endpoint not in HEDGED_ENDPOINTS:
+            return None
+        if body.get("store"):
+            return None
+        if setting == "p95":
+            return self.ttft.p95
+        return float(setting) / 1000
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def _open(
+        self, choice: Choice, blocks: list[bytes], body: UpstreamBody, ctx: CallContext
+    ) -> TrackedStream:
+        member = self.pool.sent(choice, blocks, self.placements)
+        sent = time.monotonic()
+        stream = await self.pool.attempt(member, member.upstream.open_stream(body, ctx))
+        return TrackedStream(stream, self, member, sent)
+
+    async def _open_first(
+        self, choice: Choice, blocks: list[bytes], body: UpstreamBody, ctx: CallContext
+    ) -> TrackedStream:
+        """Open the stream and read up to its first content (kept for replay), so that a race
+        between two replicas is won by the first token, not by the first byte."""
+        stream = await self._open(choice, blocks, body, ctx)
+        try:
+            await stream.prefetch_first()
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
+
+    async def _race(self, primary: asyncio.Future, secondary: asyncio.Future) -> TrackedStream:
+        pending = {primary, secondary}
+        winner: asyncio.Future | None = None
+        failures: list[BaseException] = []
+        try:
+            while pending and winner is None:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    error = task.exception()
+                    if error is not None:
+                        failures.append(error)
+                    elif winner is None:
+                        winner = task
+                    else:  # both came in the same tick: the later one is closed
+                        await task.result().aclose()
+        finally:
+            for task in pending:
+                task.cancel()
+        if winner is None:
+            raise failures[0]
+        self.hedges["won" if winner is secondary else "lost"] += 1
+        return winner.result()
+
+    def note_first_token(self, member: Member, seconds: float) -> None:
+        self.ttft.add(seconds)
+        self.pool.note_ttft(member, seconds)
+
+    def note_end(self, member: Member, failed: BaseException | None) -> None:
+        self.pool.ended(member, failed)
+
+    # -- what operators see -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        replicas = self.pool.rows(time.monotonic())
+        return {"balance": self.route.balance, "replicas": replicas, "hedges": dict(self.hedges)}
+
+
+class TrackedStream(MemberStream):
+    """A replica's event stream that tells the fleet its first token and its end (once), and
+    can read ahead to its first content for a hedging race, then replay it."""
+
+    def __init__(
+        self, inner: EventStream, fleet: ReplicatedUpstream, member: Member, sent: float
+    ) -> None:
+        super().__init__(inner, member, fleet.route.first_token_timeout_s, sent)
+        self._fleet = fleet
+
+    def _saw(self, batch: list[OutEvent]) -> None:
+        """A first token is content, an error or the end."""
+        for event in batch:
+            event.resolve()
+            if event.content or event.error or event.done or event.malformed:
+                self._first_seen = True
+                self._fleet.note_first_token(self._member, time.monotonic() - self._since)
+                return
+
+    async def prefetch_first(self) -> None:
+        source = self._source()
+        while not self._first_seen:
+            try:
+                batch = await source.__anext__()
+            except StopAsyncIteration:
+                return
+            self._held.append(batch)
+            self._saw(batch)
+
+    def _finish(self, failure: BaseException | None) -> None:
+        self._fleet.note_end(self._member, failure)
