@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from gateway.config.routes import Replica, Route
 from gateway.config.settings import Settings
 from gateway.upstreams.base import Upstream
+
+if TYPE_CHECKING:
+    from gateway.upstreams.pd.router import Pairing, PDUpstream
 
 
 def build_upstream(route: Route, settings: Settings) -> Upstream:
@@ -50,6 +56,7 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
             route,
             [one_server(r) for r in route.pd.prefill],
             [one_server(r) for r in route.pd.decode],
+            pd_pairing(route.pd.protocol),
         )
     if route.replicas:
         from gateway.upstreams.replicas.fleet import ReplicatedUpstream
@@ -57,3 +64,17 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
         return ReplicatedUpstream(route, [one_server(r) for r in route.replicas])
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
     return kind(route, api_key=settings.route_api_key(route), **options)
+
+
+def pd_pairing(protocol: str) -> Callable[[PDUpstream], Pairing]:
+    """The `Pairing` of a pd route's `pd.protocol`. It is chosen here, where the route is
+    built, so that the router knows neither protocol and each protocol only the router."""
+    if protocol == "sglang":
+        from gateway.upstreams.pd.sglang import SGLangPairing
+
+        return SGLangPairing
+    if protocol == "vllm":
+        from gateway.upstreams.pd.vllm import VLLMPairing
+
+        return VLLMPairing
+    raise ValueError(f"unknown pd protocol {protocol!r}")

@@ -10,9 +10,13 @@ KV; so a router that does not send both at once breaks the exchange. A decode re
 bootstrap fields is an ordinary (colocated) one. A request that breaks the protocol is answered
 400 and kept in `violations`, which every test asserts empty.
 
-The prefill fake can be scripted to answer an error (`fail_with`) or to wait before sending
-the KV (`delay_s`); a decode request whose KV never comes waits (as SGLang does) until its
-client leaves, which the fake records, or `KV_WAIT_S` passes.
+The prefill fake can be scripted to answer an error once its decode peer joined (`fail_with`:
+the KV transfer failed, so the paired decode request is always there waiting for KV) or to wait
+before sending the KV (`delay_s`); a decode request whose KV never comes waits (as SGLang does)
+until its client leaves or `KV_WAIT_S` passes. Either fake records the rooms of requests whose
+client left while it waited (`disconnects`): a router that lets a request go has closed it, one
+that waited it out has not. With `Ledger.together`, no prefill fake sends KV before that many
+prefill requests arrived, so that they are all in flight at once however slowly they come.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tests.pd.vllm_fake import ANSWER, TOKENS, _chunk, _completion, _error, _sse
 FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 PEER_WAIT_S = 2.0  # how long one half of a room waits for the other to arrive
 KV_WAIT_S = 5.0  # how long a decode request waits for KV
+TOGETHER_WAIT_S = 5.0  # how long a prefill request waits for `Ledger.together` to arrive
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Ledger:
     steps: list[Step] = field(default_factory=list)
     rooms: dict[int, Room] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    together: int = 0  # prefill requests that must all have arrived before any sends KV
 
     def add(self, step: Step) -> Room | None:
         with self.lock:
@@ -75,6 +81,11 @@ class Ledger:
     def of(self, role: str) -> list[Step]:
         with self.lock:
             return [s for s in self.steps if s.role == role]
+
+    def paired(self) -> list[Step]:
+        """The requests, of either role, that carried bootstrap fields."""
+        with self.lock:
+            return [s for s in self.steps if s.paired]
 
 
 async def _until(check, seconds: float, request: web.Request) -> bool | None:
@@ -102,10 +113,10 @@ class FakeServer:
         self.ledger = ledger
         self.host: str | None = None
         self.bootstrap_port = 8998
-        self.fail_with: int | None = None  # prefill: answer this status, every request
+        self.fail_with: int | None = None  # prefill: answer this status once the peer joined
         self.delay_s = 0.0  # prefill: before the KV goes
         self.violations: list[str] = []
-        self.disconnects: list[int | None] = []  # rooms whose client left while waiting
+        self.disconnects: list[int] = []  # rooms whose client left while waiting
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.handle)
         self.app.router.add_post("/v1/completions", self.handle)
@@ -143,17 +154,31 @@ class FakeServer:
         return await self._decode(request, body, room)
 
     async def _prefill(self, request: web.Request, body: dict, room: Room) -> web.StreamResponse:
-        if self.fail_with is not None:
-            room.kv = "failed"
-            return _error(self.fail_with, f"scripted {self.fail_with}")
         joined = await _until(lambda: room.decode is not None, PEER_WAIT_S, request)
         if not joined:
             room.kv = "failed"
             if joined is False:
                 self.violations.append(f"no decode request joined room {body['bootstrap_room']}")
-            return _error(500, "no decode peer")
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+                return _error(500, "no decode peer")
+            self.disconnects.append(body["bootstrap_room"])
+            return _error(499, "client left")
+        if self.fail_with is not None:
+            room.kv = "failed"
+            return _error(self.fail_with, f"scripted {self.fail_with}")
+        ledger = self.ledger
+        together = await _until(
+            lambda: len(ledger.of("prefill")) >= ledger.together, TOGETHER_WAIT_S, request
+        )
+        if together is False:
+            came = len(ledger.of("prefill"))
+            self.violations.append(f"only {came} of {ledger.together} prefill requests came")
+        stayed = together is not None
+        if stayed and self.delay_s:
+            stayed = await _until(lambda: False, self.delay_s, request) is not None
+        if not stayed:
+            room.kv = "failed"
+            self.disconnects.append(body["bootstrap_room"])
+            return _error(499, "client left")
         room.kv = "sent"
         if not body.get("stream"):
             return web.json_response(_completion(request.path, body, TOKENS[0], "length"))

@@ -1,11 +1,14 @@
 """A `pd` route with `protocol: sglang` through the gateway against a fake of SGLang's prefill
 and decode servers, with the real OpenAI SDK: the bootstrap fields on both requests, both in
 flight at once, the decode server's answer to the client, and a colocated retry when the
-prefill server fails."""
+prefill server fails.
+
+The two requests of a pairing race each other to the servers, so the tests tell them apart by
+what they carry (bootstrap fields or none), never by the order they came in, and prove that the
+router let a request go by the fakes having seen its client leave, not by the clock."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from urllib.parse import urlsplit
@@ -51,6 +54,10 @@ class Pools:
     def violations(self) -> list[str]:
         return [v for f in (*self.prefill, *self.decode) for v in f.violations]
 
+    def left(self) -> list[int]:
+        """The rooms of the requests, of either role, whose client left while the fake waited."""
+        return sorted(room for f in (*self.prefill, *self.decode) for room in f.disconnects)
+
 
 @pytest.fixture
 def pools():
@@ -63,10 +70,11 @@ def pools():
 @pytest.mark.parametrize("stream", [True, False])
 def test_both_servers_get_the_same_request_with_the_bootstrap_fields(pools, make_gateway, stream):
     p = pools(prefill=2, ports=[None, 9123])
+    p.ledger.together = 6  # all six in flight at once, so that the load spreads them
     gw = make_gateway([p.route()])
     client = sdk_client(gw)
     spoofed = {"bootstrap_host": "10.0.0.66", "bootstrap_port": 1, "bootstrap_room": 7}
-    with ThreadPoolExecutor(6) as pool:  # at once: the load spreads them over both prefills
+    with ThreadPoolExecutor(6) as pool:
         answers = list(
             pool.map(
                 lambda i: chat(client, f"q{i}", stream=stream, max_tokens=9, extra_body=spoofed),
@@ -88,24 +96,24 @@ def test_both_servers_get_the_same_request_with_the_bootstrap_fields(pools, make
     snap = router(gw).snapshot()
     assert snap["pd"]["requests"] == 6 and snap["pd"]["colocated_fallbacks"] == 0
     assert sum(d["remote_prefills"] for d in snap["decode"]) == 6
-    assert eventually(lambda: router(gw).snapshot()["pd"]["prefill_count"] == 6, 2.0)
+    assert eventually(lambda: router(gw).snapshot()["pd"]["prefill_count"] == 6, 10.0)
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_failed_prefill_is_retried_colocated_on_a_decode_server(pools, make_gateway, stream):
     p = pools()
-    p.prefill[0].fail_with = 500
+    p.prefill[0].fail_with = 500  # once the paired decode request is waiting for the KV
     gw = make_gateway([p.route(eject_s=30)])
     client = sdk_client(gw)
-    started = time.perf_counter()
     assert chat(client, stream=stream) == ANSWER
-    # the decode server waiting for KV that never comes was let go at once, not waited out
-    assert time.perf_counter() - started < 2.0
     assert p.violations() == []
-    paired, colocated = p.ledger.of("decode")
-    assert paired.paired and not colocated.paired
+    decodes = p.ledger.of("decode")
+    (paired,) = [d for d in decodes if d.paired]
+    (colocated,) = [d for d in decodes if not d.paired]
     assert not any(k.startswith("bootstrap_") for k in colocated.body)
-    assert eventually(lambda: sum(len(d.disconnects) for d in p.decode) == 1, 3.0)
+    # the decode server waiting for KV that never comes was let go, not waited out (that one
+    # would have answered an error after KV_WAIT_S, its client still there)
+    assert eventually(lambda: p.left() == [paired.room], 10.0)
     snap = router(gw).snapshot()
     assert snap["pd"]["colocated_by_reason"]["prefill_error"] == 1
     assert snap["prefill"][0]["state"] == "ejected"
@@ -118,14 +126,15 @@ def test_a_failed_prefill_is_retried_colocated_on_a_decode_server(pools, make_ga
 
 def test_a_prefill_that_never_finishes_is_timed_out_into_a_colocated_answer(pools, make_gateway):
     p = pools()
-    p.prefill[0].delay_s = 3.0  # the decode joined, the KV never goes in time
+    p.prefill[0].delay_s = 60.0  # the KV would go long past the SDK's timeout (20 s)
     gw = make_gateway([p.route({"prefill_timeout_s": 0.3})])
-    started = time.perf_counter()
-    assert chat(sdk_client(gw)) == ANSWER
-    assert time.perf_counter() - started < 2.0
+    assert chat(sdk_client(gw)) == ANSWER  # an answer at all: the prefill was not waited for
     assert p.violations() == []
-    assert [d.paired for d in p.ledger.of("decode")] == [True, False]
     assert router(gw).snapshot()["pd"]["colocated_by_reason"]["prefill_timeout"] == 1
+    # one colocated decode request, and the paired one if it reached its server at all
+    assert sorted(d.paired for d in p.ledger.of("decode")) in ([False], [False, True])
+    # however far the pairing had got when the timeout fired, both its requests were closed
+    assert eventually(lambda: p.left() == sorted(s.room for s in p.ledger.paired()), 10.0)
 
 
 def test_protocol_and_bootstrap_port_are_validated(pools):

@@ -8,7 +8,8 @@ id, or no `kv_transfer_params` at all (a colocated request), then answers. A req
 breaks the format is answered 400 and kept in `violations`, which every test asserts empty.
 
 Either can be scripted (`Script`) to answer an error, wait, leave out the params, or die
-mid-stream; `Ledger` keeps, across servers, what happened in which order.
+mid-stream, and made to fail the router's probes (`models_status`); `Ledger` keeps, across
+servers, what happened in which order.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class FakeServer:
         self.always: Script | None = None
         self.violations: list[str] = []
         self.disconnects: list[str | None] = []  # request ids whose client left mid-request
+        self.models_status = 200  # what `GET /v1/models` (the router's probe) answers
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.handle)
         self.app.router.add_post("/v1/completions", self.handle)
@@ -102,6 +104,8 @@ class FakeServer:
         return [s for s in self.ledger.steps if s.server == self.name]
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.models_status != 200:
+            return _error(self.models_status, f"scripted {self.models_status}")
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

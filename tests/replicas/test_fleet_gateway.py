@@ -4,7 +4,6 @@ slow first token is hedged (the loser's connection closes), and the hedge budget
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from contextlib import ExitStack
 
@@ -112,14 +111,14 @@ def test_a_slow_first_token_is_hedged_and_the_loser_closed(servers, make_gateway
     route = fleet_route(servers[:2], hedge_after_ms=150, hedge_max_ratio=1.0, balance="round_robin")
     gw = make_gateway([route])
     client = sdk_client(gw)
-    started = time.perf_counter()
     for i in range(4):  # round robin: two of them start on the slow replica
         ask(client, SYSTEM, [f"q{i}"])
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.5  # no request waited for the slow replica's 3 s
     hedges = fleet(gw)["hedges"]
     assert hedges["sent"] == 2 and hedges["won"] == 2 and hedges["lost"] == 0
-    assert eventually(lambda: len(slow.mock.disconnects) >= 2, 5.0)  # the losers closed
+    # The losers were closed: the slow replica finds its clients gone when its 3 s are up (it
+    # notices on its first write). And it never sent a first token: no request waited for it.
+    assert eventually(lambda: len(slow.mock.disconnects) >= 2, 10.0)
+    assert slow.mock.sent_first == []
     assert chat_posts(fast) == 4
 
 

@@ -1,6 +1,7 @@
 """Prefill/decode separation: a route whose requests are prefilled on one pool of servers and
-decoded on another, over vLLM's disaggregated-serving protocol (`wire`, `router`) or SGLang's
-bootstrap protocol (`sglang`)."""
+decoded on another (`router`), over vLLM's disaggregated-serving protocol (`vllm`, `wire`) or
+SGLang's bootstrap protocol (`sglang`). Both protocols build on the router, which knows neither:
+`gateway.upstreams.build` gives each route the one it names."""
 
 from gateway.upstreams.pd.router import FALLBACK_REASONS, PDStats, PDTiming, PDUpstream
 from gateway.upstreams.pd.wire import (

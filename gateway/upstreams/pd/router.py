@@ -1,4 +1,4 @@
-"""A `pd` route: prefill and decode servers behind one `Upstream` (see `gateway.upstreams.pd.wire`).
+"""A `pd` route: prefill and decode servers behind one `Upstream`.
 
 Each request is prefilled on the prefill server most likely to hold its prefix (the same prefix
 affinity as replicated routes: a prefill server's cache is what saves compute), then decoded on
@@ -7,18 +7,19 @@ share it). Both pools eject a server that fails (5xx, 429, timeouts, broken conn
 probe it back (`gateway.upstreams.replicas.pool.ServerPool`, as on replicated routes).
 
 PD is an optimisation, never a new way to fail: when the prefill step fails, times out, answers
-503 (a prefill server out of room for held blocks) or gives no usable `kv_transfer_params`, or
-when every prefill server is ejected, the request goes to a decode server as an ordinary request.
-A decode step that fails while pulling KV is tried once more, colocated, on another decode
-server. Only a decode server failing an ordinary request is the request's failure (the proxy
+503 (a prefill server out of room for held blocks) or leaves nothing the decode server could
+use, or when every prefill server is ejected, the request goes to a decode server as an ordinary
+request. Only a decode server failing an ordinary request is the request's failure (the proxy
 then retries or falls back as on any route).
 
-Per request the prefill step's latency, the handoff (prefill answer to decode request) and the
-decode server's time to first content are kept apart, per server and per route (`snapshot`).
-
-Routes with `pd.protocol: sglang` pair the two servers SGLang's way instead
-(`gateway.upstreams.pd.sglang`): the same choices, fallbacks, counters and streams, with both
-requests sent at once.
+How the two servers of a request are paired is the route's `pd.protocol`, a `Pairing` chosen
+where the upstream is built (`gateway.upstreams.build`): vLLM's handoff, prefill first and its
+answer's `kv_transfer_params` passed to the decode request (`gateway.upstreams.pd.vllm`), or
+SGLang's bootstrap room, the same request sent to both at once (`gateway.upstreams.pd.sglang`).
+This module is what both share: the choice of servers, the colocated fallback, the counters and
+the decode streams. Per request the prefill step's latency, the handoff (prefill answer to decode
+request) and the decode server's time to first content are kept apart, per server and per route
+(`snapshot`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 
@@ -43,8 +44,6 @@ from gateway.upstreams.base import (
     UpstreamBody,
     UpstreamError,
 )
-from gateway.upstreams.pd import wire
-from gateway.upstreams.pd.wire import kv_params_from, prefill_body
 from gateway.upstreams.replicas.balancer import Choice
 from gateway.upstreams.replicas.pool import (
     Member,
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
 
     from gateway.paths import PassPath
     from gateway.upstreams.openai import OpenAIUpstream
-    from gateway.upstreams.pd.sglang import SGLangPairing
     from gateway.upstreams.replicas.shared_index import SharedPlacements
 
 log = logging.getLogger("firsttoken.pd")
@@ -128,14 +126,40 @@ class PDTiming:
     failed: bool
 
 
+class PrefillFailed(Exception):
+    """A prefill request that failed; `reason` (one of `FALLBACK_REASONS`) is why the request
+    goes colocated."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Pairing(Protocol):
+    """How a route pairs a request's prefill and decode servers (its `pd.protocol`), on the
+    router's pools and counters. The router hands it each request once its body is a dict and
+    its context carries the request id to both servers, and counts it."""
+
+    async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed: ...
+
+    async def open_stream(self, body: UpstreamBody, ctx: CallContext, began: float) -> EventStream:
+        """`began` (monotonic): when the request reached the route, what the decode stream's
+        first-token timeout counts from."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class PDUpstream:
-    """The `Upstream` of a route with `pd` (see the module docstring)."""
+    """The `Upstream` of a route with `pd` (see the module docstring); `pairing` makes the
+    route's `Pairing` on this router."""
 
     def __init__(
         self,
         route: Route,
         prefill: Sequence[OpenAIUpstream],
         decode: Sequence[OpenAIUpstream],
+        pairing: Callable[[PDUpstream], Pairing],
     ) -> None:
         if route.pd is None:
             raise ValueError(f"route {route.name!r} has no pd pools")
@@ -153,14 +177,7 @@ class PDUpstream:
         self.stats = PDStats()
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.on_request: Callable[[PDTiming], None] | None = None
-        self.sglang: SGLangPairing | None = None
-        self._decode_body: Callable[[UpstreamBody, dict[str, Any] | None], UpstreamBody]
-        self._decode_body = wire.decode_body
-        if self.pd.protocol == "sglang":
-            from gateway.upstreams.pd import sglang  # it builds on this module
-
-            self.sglang = sglang.SGLangPairing(self)
-            self._decode_body = sglang.decode_body
+        self.pairing = pairing(self)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -171,8 +188,7 @@ class PDUpstream:
         await asyncio.gather(self.prefill.warm_up(), self.decode.warm_up())
 
     async def aclose(self) -> None:
-        if self.sglang is not None:
-            await self.sglang.aclose()
+        await self.pairing.aclose()
         await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
     # -- what the proxy calls ---------------------------------------------------------------
@@ -191,27 +207,19 @@ class PDUpstream:
         return await member.upstream.forward(method, path, headers, data)
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
-        if self.sglang is not None:
-            return await self.sglang.open_stream(body, ctx)
         body, ctx = await _prepared(body, ctx)
         began = time.monotonic()
-        handoff = await self._prefill(body, ctx)
-        return await self._decode(
-            handoff, lambda member, h: self._stream_on(member, body, ctx, h, began)
-        )
+        self.stats.requests += 1
+        return await self.pairing.open_stream(body, ctx, began)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
-        if self.sglang is not None:
-            return await self.sglang.complete(body, ctx)
         body, ctx = await _prepared(body, ctx)
-        handoff = await self._prefill(body, ctx)
-        return await self._decode(
-            handoff, lambda member, h: self._complete_on(member, body, ctx, h)
-        )
+        self.stats.requests += 1
+        return await self.pairing.complete(body, ctx)
 
-    # -- step 1: prefill --------------------------------------------------------------------
+    # -- the prefill server -----------------------------------------------------------------
 
-    def _send_prefill(self, body: UpstreamBody, ctx: CallContext) -> tuple[Member, str] | None:
+    def send_prefill(self, body: UpstreamBody, ctx: CallContext) -> tuple[Member, str] | None:
         """The prefill server most likely to hold the prompt's prefix, counted as sent to, and
         its name; None when every prefill server failed recently (waiting on one again would
         only delay the colocated answer; the probe or the end of a backoff brings them back)."""
@@ -222,82 +230,71 @@ class PDUpstream:
             return None
         return self.prefill.sent(choice, blocks, self.placements), choice.replica.name
 
-    async def _prefill(self, body: UpstreamBody, ctx: CallContext) -> Handoff:
-        self.stats.requests += 1
-        picked = self._send_prefill(body, ctx)
-        if picked is None:
-            return self._colocated(None, "no_prefill_server")
-        member, name = picked
-        started = time.perf_counter()
+    async def run_prefill(self, member: Member, call: Awaitable[T]) -> T:
+        """`call`, a request `send_prefill` sent to `member`, within the route's prefill timeout.
+        Its end frees the server's slot; a failure counts against the server and is raised as
+        `PrefillFailed`, since it is the request's reason to go colocated, not its failure."""
         try:
             async with asyncio.timeout(self.pd.prefill_timeout_s):
-                result = await member.upstream.complete(prefill_body(body), ctx)
+                result = await call
         except TimeoutError:
             self.prefill.ended(member, UpstreamError("prefill timed out", status=504))
-            return self._colocated(name, "prefill_timeout")
+            raise PrefillFailed("prefill_timeout") from None
         except UpstreamError as exc:
             self.prefill.ended(member, exc)
             busy = exc.status == 503 and exc.body is not None  # an answer, not a lost connection
-            return self._colocated(name, "prefill_busy" if busy else "prefill_error")
-        except Exception as exc:  # noqa: BLE001  # a body cut short: this server broke, not the request
+            raise PrefillFailed("prefill_busy" if busy else "prefill_error") from exc
+        except Exception as exc:  # a body cut short: this server broke, not the request
             self.prefill.ended(member, exc)
-            return self._colocated(name, "prefill_error")
+            raise PrefillFailed("prefill_error") from exc
         except BaseException:
             self.prefill.balancer.done(member.state)
             raise
-        answered = time.perf_counter()
         self.prefill.ended(member, None)
-        params = kv_params_from(result.body)
-        if params is None:
-            log.warning(
-                "route %s: prefill server %s answered without kv_transfer_params "
-                "(is it started with a KV connector?)",
-                self.route.name,
-                name,
-            )
-            return self._colocated(name, "no_kv_params")
-        seconds = answered - started
+        return result
+
+    def note_prefill(self, member: Member, seconds: float) -> None:
+        """A prefill step that left the decode server what it needs took `seconds`."""
         self.prefill.note_ttft(member, seconds)
         self.stats.prefill_sum_s += seconds
         self.stats.prefill_count += 1
-        return Handoff(params, name, None, answered, seconds)
 
-    def _colocated(self, prefill_server: str | None, reason: str) -> Handoff:
+    def colocated(self, prefill_server: str | None, reason: str) -> Handoff:
+        """The handoff of a request decoded without a remote prefill, counted for `reason`."""
         self.stats.colocated[reason] += 1
         return Handoff(None, prefill_server, reason)
 
-    # -- step 3: decode ---------------------------------------------------------------------
+    # -- the decode server ------------------------------------------------------------------
 
-    async def _decode(self, handoff: Handoff, call: Callable[[Choice, Handoff], Awaitable[T]]) -> T:
-        """`call` on the least loaded decode server; a failure of a request that carried
-        kv_transfer_params is tried once more, colocated, on another server if there is one."""
-        first = self._choose_decode(frozenset())
-        if handoff.params is None:
-            return await call(first, handoff)
-        try:
-            return await call(first, handoff)
-        except UpstreamError as exc:
-            log.info(
-                "route %s: decode server %s failed a remote prefill (%s); decoding colocated",
-                self.route.name,
-                first.replica.name,
-                exc.status,
-            )
-        colocated = self._colocated(handoff.prefill_server, "handoff_failed")
-        return await call(self._choose_decode(frozenset({first.replica.name})), colocated)
-
-    def _choose_decode(self, exclude: frozenset[str]) -> Choice:
+    def choose_decode(self, exclude: frozenset[str] = frozenset()) -> Choice:
+        """The least loaded decode server, not one of `exclude` unless it is the only one."""
         try:
             return self.decode.choose([], exclude)
         except LookupError:  # a one-server pool: the same server again
             return self.decode.choose([])
 
+    async def stream_on(
+        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff, began: float
+    ) -> PDStream:
+        """`body`, the decode request for `handoff`, streamed from `choice`."""
+        member, stream, sent, handoff_s = await self._on_decode(
+            choice, handoff, lambda m: m.upstream.open_stream(body, ctx)
+        )
+        return PDStream(stream, self, member, ctx.request_id, handoff, handoff_s, sent, began)
+
+    async def complete_on(
+        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff
+    ) -> Completed:
+        """`body`, the decode request for `handoff`, answered by `choice`."""
+        member, result, _, handoff_s = await self._on_decode(
+            choice, handoff, lambda m: m.upstream.complete(body, ctx)
+        )
+        self.decode.ended(member, None)
+        self._report(ctx.request_id, member, handoff, handoff_s, None, failed=False)
+        return result
+
     async def _on_decode(
-        self,
-        choice: Choice,
-        handoff: Handoff,
-        send: Callable[[Member, UpstreamBody], Awaitable[T]],
-        body: UpstreamBody,
+        self, choice: Choice, handoff: Handoff, send: Callable[[Member], Awaitable[T]]
     ) -> tuple[Member, T, float, float | None]:
         """`send` the decode step to `choice`: the server, its answer, when it was sent
         (perf_counter) and the handoff's seconds (prefill answer to decode request sent)."""
@@ -306,9 +303,7 @@ class PDUpstream:
         # With kv_transfer_params, a decode server that answered an error may be failing to
         # pull from the prefill server: not its own fault, unless it did not answer at all.
         result = await self.decode.attempt(
-            member,
-            send(member, self._decode_body(body, handoff.params)),
-            lambda exc: handoff.params is None or exc.body is None,
+            member, send(member), lambda exc: handoff.params is None or exc.body is None
         )
         if handoff.params is None:
             return member, result, sent, None
@@ -320,24 +315,6 @@ class PDUpstream:
         self.stats.handoff_sum_s += seconds
         self.stats.handoff_count += 1
         return member, result, sent, seconds
-
-    async def _stream_on(
-        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff, began: float
-    ) -> PDStream:
-        member, stream, sent, handoff_s = await self._on_decode(
-            choice, handoff, lambda m, b: m.upstream.open_stream(b, ctx), body
-        )
-        return PDStream(stream, self, member, ctx.request_id, handoff, handoff_s, sent, began)
-
-    async def _complete_on(
-        self, choice: Choice, body: UpstreamBody, ctx: CallContext, handoff: Handoff
-    ) -> Completed:
-        member, result, _, handoff_s = await self._on_decode(
-            choice, handoff, lambda m, b: m.upstream.complete(b, ctx), body
-        )
-        self.decode.ended(member, None)
-        self._report(ctx.request_id, member, handoff, handoff_s, None, failed=False)
-        return result
 
     def note_first_content(self, member: Member, seconds: float) -> None:
         self.decode.note_ttft(member, seconds)

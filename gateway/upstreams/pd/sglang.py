@@ -36,7 +36,7 @@ from gateway.upstreams.base import (
     UpstreamBody,
     UpstreamError,
 )
-from gateway.upstreams.pd.router import Handoff, PDStream, _prepared
+from gateway.upstreams.pd.router import Handoff, PDStream, PrefillFailed
 
 if TYPE_CHECKING:
     from gateway.upstreams.pd.router import PDUpstream
@@ -93,21 +93,20 @@ class SGLangPairing:
         await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
-        body, ctx = await _prepared(body, ctx)
         router = self.router
 
         async def call(choice: Choice, handoff: Handoff) -> Completed:
-            return await router._complete_on(choice, body, ctx, handoff)
+            return await router.complete_on(choice, decode_body(body, handoff.params), ctx, handoff)
 
         return await self._paired(body, ctx, call, _nothing)
 
-    async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
-        body, ctx = await _prepared(body, ctx)
-        began = time.monotonic()
+    async def open_stream(self, body: UpstreamBody, ctx: CallContext, began: float) -> EventStream:
         router = self.router
 
         async def call(choice: Choice, handoff: Handoff) -> PDStream:
-            stream = await router._stream_on(choice, body, ctx, handoff, began)
+            stream = await router.stream_on(
+                choice, decode_body(body, handoff.params), ctx, handoff, began
+            )
             if handoff.params is None:
                 return stream
             try:
@@ -135,11 +134,9 @@ class SGLangPairing:
         """`call` on a decode server with the prefill server's bootstrap fields while the
         prefill server gets the same request; colocated when either side fails first."""
         router = self.router
-        router.stats.requests += 1
-        picked = router._send_prefill(body, ctx)
+        picked = router.send_prefill(body, ctx)
         if picked is None:
-            colocated = router._colocated(None, "no_prefill_server")
-            return await call(router._choose_decode(frozenset()), colocated)
+            return await call(router.choose_decode(), router.colocated(None, "no_prefill_server"))
         member, name = picked
         params = bootstrap_params(self.replicas[name], new_room())
         handoff = Handoff(params, name, concurrent=True)
@@ -147,7 +144,7 @@ class SGLangPairing:
         self._drains.add(drain)
         drain.add_done_callback(self._drains.discard)
 
-        first = router._choose_decode(frozenset())
+        first = router.choose_decode()
         attempt = asyncio.ensure_future(call(first, handoff))
         try:
             await asyncio.wait({attempt, drain}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,43 +173,31 @@ class SGLangPairing:
             reason = _outcome(drain) or "prefill_error"
             await _abandon(attempt, discard)
         exclude = frozenset({first.replica.name}) if reason == "handoff_failed" else frozenset()
-        colocated = router._colocated(name, reason)
-        return await call(router._choose_decode(exclude), colocated)
+        colocated = router.colocated(name, reason)
+        return await call(router.choose_decode(exclude), colocated)
 
     async def _drain(
         self, member: Member, handoff: Handoff, body: UpstreamBody, ctx: CallContext
     ) -> str | None:
         """Read the prefill server's answer to the end: None when it went well, else why
         the request should go colocated (one of `FALLBACK_REASONS`)."""
-        pool = self.router.prefill
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.router.pd.prefill_timeout_s):
-                if body.get("stream"):
-                    await _read_out(await member.upstream.open_stream(body, ctx))
-                else:
-                    await member.upstream.complete(body, ctx)
-        except TimeoutError:
-            pool.ended(member, UpstreamError("prefill timed out", status=504))
-            return "prefill_timeout"
-        except UpstreamError as exc:
-            pool.ended(member, exc)
-            busy = exc.status == 503 and exc.body is not None  # an answer, not a lost connection
-            return "prefill_busy" if busy else "prefill_error"
-        except Exception as exc:  # noqa: BLE001  # a body cut short: this server broke, not the request
-            pool.ended(member, exc)
-            return "prefill_error"
-        except BaseException:
-            pool.balancer.done(member.state)
-            raise
+            await self.router.run_prefill(member, _answer(member, body, ctx))
+        except PrefillFailed as failed:
+            return failed.reason
         seconds = time.perf_counter() - started
-        pool.ended(member, None)
-        pool.note_ttft(member, seconds)
-        stats = self.router.stats
-        stats.prefill_sum_s += seconds
-        stats.prefill_count += 1
+        self.router.note_prefill(member, seconds)
         handoff.prefill_s = seconds
         return None
+
+
+async def _answer(member: Member, body: UpstreamBody, ctx: CallContext) -> None:
+    """The prefill server's answer, read to its end and dropped."""
+    if body.get("stream"):
+        await _read_out(await member.upstream.open_stream(body, ctx))
+    else:
+        await member.upstream.complete(body, ctx)
 
 
 async def _read_out(stream: EventStream) -> None:

@@ -63,8 +63,8 @@ HEDGED_ENDPOINTS = frozenset({"chat", "completions"})
 
 
 class Fleet(Protocol):
-    """What operators' views and shared placements read of a route with several servers
-    (`ReplicatedUpstream`, and the prefill/decode router `gateway.upstreams.pd.PDUpstream`)."""
+    """What operators' views read of a route with several servers (`ReplicatedUpstream`, and
+    the prefill/decode router `gateway.upstreams.pd.PDUpstream`)."""
 
     route: Route
     members: dict[str, Member]

@@ -19,14 +19,14 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from gateway.upstreams.replicas.prefix_index import DIGEST_BYTES
 
 if TYPE_CHECKING:
-    from gateway.upstreams.replicas.fleet import Fleet
+    from gateway.upstreams.replicas.balancer import ReplicaState
 
 log = logging.getLogger("firsttoken.replicas")
 
@@ -38,10 +38,28 @@ DIGEST_HEX = 2 * DIGEST_BYTES
 RECONNECT_S = 1.0
 
 
+class Placed(Protocol):
+    """A server whose prefix index learns the other processes' placements (a pool `Member`)."""
+
+    @property
+    def state(self) -> ReplicaState: ...
+
+
+class PlacingFleet(Protocol):
+    """A route with several servers, as shared placements see it (a replicated route or a pd
+    route): its servers by the names placements carry, and where it reports its own. Defined
+    here, not next to the routes, because the routes' modules build on this one."""
+
+    placements: SharedPlacements | None
+
+    @property
+    def members(self) -> Mapping[str, Placed]: ...
+
+
 class SharedPlacements:
     """Publishes this process's placements and applies the others'."""
 
-    def __init__(self, client: Any, key_prefix: str, fleets: Mapping[str, Fleet]):
+    def __init__(self, client: Any, key_prefix: str, fleets: Mapping[str, PlacingFleet]):
         self.client = client
         self.channel = f"{key_prefix}:affinity"
         self.fleets = fleets
