@@ -4,8 +4,9 @@
 Streams are written event by event as the engine produces them, never buffered. `--role`
 makes it a prefill or decode server of a disaggregated deployment (engine_backend.pd);
 the default, `both`, takes either kind of PD request as well as ordinary ones.
-`--disaggregate` runs one prefill and N decode servers as child processes behind the gateway's
-`pd` route instead (engine_backend.disaggregate).
+`firsttoken engine --disaggregate` runs one prefill and N decode servers as child processes behind
+the gateway's `pd` route instead (gateway.run.disaggregate: it runs the gateway, which this package
+never imports); its flags are on this parser all the same (engine_backend.disaggregate).
 """
 
 from __future__ import annotations
@@ -302,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"firsttoken engine: {problem}", file=sys.stderr)
         return 2
     if args.disaggregate:
-        return disaggregate.run(args)
+        print(
+            "firsttoken engine: --disaggregate puts the gateway in front of the engines; "
+            "run it as `firsttoken engine --disaggregate ...`, not with this module",
+            file=sys.stderr,
+        )
+        return 2
     if args.parent_pid is not None:
         disaggregate.exit_with_parent(args.parent_pid)
     if args.threads is not None:

@@ -81,12 +81,35 @@ def _serve(args: argparse.Namespace) -> int:
         )
     )
     if worker and args.worker_parent is not None:
-        from gateway.run.workers import exit_with_parent
+        from gateway.run import workers
+        from gateway.run.supervision import exit_with_parent
 
-        exit_with_parent(args.worker_parent, lambda: setattr(server, "should_exit", True))
+        exit_with_parent(
+            args.worker_parent,
+            lambda: setattr(server, "should_exit", True),
+            workers.log,
+            what="worker",
+            grace_s=workers.GRACE_S,
+            poll_s=workers.PARENT_POLL_S,
+        )
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def _engine(argv: list[str]) -> int:
+    """`firsttoken engine ...`, read by the engine's own parser (its `--help` lists every flag):
+    the engine's server, or with `--disaggregate` engines behind the gateway's pd route, which
+    the gateway assembles because the engine never imports the gateway."""
+    from engine_backend.server import build_parser
+    from engine_backend.server import main as engine_main
+
+    args = build_parser().parse_args(argv)
+    if not args.disaggregate:
+        return engine_main(argv)
+    from gateway.run.disaggregate import serve_disaggregated
+
+    return serve_disaggregated(args, LOG_FORMAT)
 
 
 def _load_settings(
@@ -189,9 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["engine"]:
-        from engine_backend.server import main as engine_main
-
-        return engine_main(argv[1:])
+        return _engine(argv[1:])
     if argv[:1] == ["metrics"]:
         from gateway.telemetry.cli import metrics_main
 

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from gateway.config.settings import SettingsError
+from gateway.config.errors import SettingsError
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

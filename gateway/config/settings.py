@@ -37,7 +37,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from gateway.boundary.auth import parse_admin_keys, parse_tenant_keys, tenants_holding
+from gateway.config.errors import SettingsError
+from gateway.config.file import read_config_file
+from gateway.config.keys import parse_admin_keys, parse_tenant_keys, tenants_holding
 from gateway.config.routes import PROVIDER_KEY_VARIABLES, Route, check_routes, default_routes
 from policies.config import (
     DEFAULT_POLICIES,
@@ -61,10 +63,6 @@ OTHER_VARIABLES = frozenset({"CACHE_DIR"})
 NOT_VARIABLES = frozenset({"policy_options", "captured_env"})
 # Fields that hold keys (or their digests): never dumped, never sent to another process.
 SECRET_FIELDS = frozenset({"tenant_keys", "admin_keys", "captured_env"})
-
-
-class SettingsError(ValueError):
-    """A start-up configuration error whose message names the variable at fault."""
 
 
 class Settings(BaseModel):
@@ -137,7 +135,7 @@ class Settings(BaseModel):
         default=64 * 1024 * 1024, ge=1024, description="one non-streaming upstream body (502)"
     )
 
-    # Tenants: kept as SHA-256 digests only (see gateway.boundary.auth), and out of every repr.
+    # Tenants: kept as SHA-256 digests only (see gateway.config.keys), and out of every repr.
     tenant_keys: dict[bytes, str] = Field(
         default_factory=dict,
         repr=False,
@@ -370,8 +368,6 @@ def load_settings(
     options: dict[str, object] = {}
     unknown: list[str] = []
     if config_file is not None:
-        from gateway.config.file import read_config_file
-
         for key, value in read_config_file(config_file).items():
             where = f"{key!r} in {config_file}"
             _sort_in(str(key).upper(), value, values, options, unknown, where, "")

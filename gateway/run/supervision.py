@@ -1,5 +1,5 @@
 """Keeping a fixed set of child processes alive, for `serve --workers N` (`gateway.run.workers`) and
-`engine --disaggregate` (`engine_backend.disaggregate`).
+`engine --disaggregate` (`gateway.run.disaggregate`).
 
 Both commands supervise the same way, so the rules live here once: a child that dies is started
 again after a backoff that doubles while it keeps dying; more than a limit of deaths within a

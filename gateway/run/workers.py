@@ -56,7 +56,7 @@ log = logging.getLogger("firsttoken.workers")
 
 REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 GRACE_S = 30.0  # for open streams to finish after SIGTERM, before SIGKILL
-PARENT_POLL_S = 1.0
+PARENT_POLL_S = 1.0  # how often a worker checks that the supervisor is still there
 BACKLOG = 2048  # uvicorn's default
 
 
@@ -205,14 +205,6 @@ def quiet_warnings(logger: logging.Logger) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(drop)
-
-
-def exit_with_parent(parent: int, shut_down: Callable[[], None], grace_s: float = GRACE_S) -> None:
-    """Shut this worker down (gracefully, then at once after `grace_s`) if the supervisor goes
-    away without stopping it, even killed outright: nobody would restart or stop it after."""
-    supervision.exit_with_parent(
-        parent, shut_down, log, what="worker", grace_s=grace_s, poll_s=PARENT_POLL_S
-    )
 
 
 # -- the supervisor ----------------------------------------------------------------------------
