@@ -33,6 +33,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Rewrites files: what `ruff format --check` and the fixable part of `ruff check` want.
 format: venv

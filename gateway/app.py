@@ -1,9 +1,10 @@
-"""The ASGI application: endpoints wired to the `Gateway` service object."""
+"""The ASGI application: which door serves which path, each door handed the parts it uses."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
@@ -16,15 +17,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.boundary.request_id import RequestIdMiddleware, next_request_id
 from gateway.config.settings import Settings, load_settings
-from gateway.doors.messages import COUNT_TOKENS, MESSAGES, anthropic_error, messages_door
+from gateway.doors.chat import ChatDoor
+from gateway.doors.messages import COUNT_TOKENS, MESSAGES, MessagesDoor, anthropic_error
 from gateway.doors.models import models_endpoints
-from gateway.doors.passthrough import passthrough
-from gateway.doors.responses import responses_door
+from gateway.doors.passthrough import Exchange
+from gateway.doors.responses import ResponsesDoor
 from gateway.errors import GatewayError
 from gateway.ops.advice import advice_endpoints
 from gateway.ops.dashboard import dashboard_endpoints
 from gateway.ops.metrics import metrics_endpoints
-from gateway.runtime import Gateway
+from gateway.runtime import Runtime
 
 log = logging.getLogger("firsttoken")
 
@@ -35,52 +37,66 @@ def json_response(obj: object, status: int = 200) -> Response:
 
 def create_app(settings: Settings | None = None) -> HotPath:
     """The app for `settings` (default: `load_settings()`, the process environment)."""
-    settings = settings or load_settings()
-    gateway = Gateway(settings)
+    runtime = Runtime(settings or load_settings())
+    admission = runtime.admission
+    doors = Doors(
+        chat=ChatDoor(admission, runtime.pipeline),
+        responses=ResponsesDoor(
+            admission, runtime.pipeline, runtime.preparation, runtime.passthrough
+        ),
+        messages=MessagesDoor(
+            admission, runtime.pipeline, runtime.preparation, runtime.upstreams, runtime.settings
+        ),
+    )
 
     async def chat_completions(request: Request) -> ASGIApp:
-        return await gateway.handle(request, "chat")
+        return await doors.chat(request, "chat")
 
     async def completions(request: Request) -> ASGIApp:
-        return await gateway.handle(request, "completions")
+        return await doors.chat(request, "completions")
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = gateway.ready()
+        ready = runtime.ready()
         # A degraded telemetry store is reported, not fatal: requests flow without it.
         return json_response(
             {
                 "ready": ready,
-                "routes": gateway.route_states(),
-                "replicas": gateway.replica_health(),
-                "telemetry": gateway.telemetry.health(),
+                "routes": runtime.upstreams.states(),
+                "replicas": runtime.replica_health(),
+                "telemetry": runtime.telemetry.health(),
             },
             200 if ready else 503,
         )
 
     async def other_v1(request: Request) -> ASGIApp:
-        return await passthrough(request, gateway)  # auth, path checks and errors inside
+        admitted = admission.begin(request, "passthrough")
+        try:
+            admission.authenticate(admitted)
+        except GatewayError as exc:
+            return exc.to_response()
+        return Exchange(admitted, runtime.passthrough)  # path checks and errors inside
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        await gateway.start()
+        await runtime.start()
         try:
             yield
         finally:
-            await gateway.aclose()
+            await runtime.aclose()
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),  # via HotPath
         Route("/v1/completions", completions, methods=["POST"]),
         # /v1/responses and /v1/messages: HotPath only (`HotPath.door`)
-        *models_endpoints(gateway),
+        *models_endpoints(admission, runtime.upstreams, lambda: runtime.started_at),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        *metrics_endpoints(gateway),
-        *advice_endpoints(gateway),
-        *dashboard_endpoints(gateway),
+        *metrics_endpoints(admission, runtime.telemetry, runtime.fleet_states),
+        *advice_endpoints(admission, runtime.telemetry, runtime.settings.policy_options),
+        *dashboard_endpoints(admission),
         Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     app = Starlette(
@@ -90,8 +106,17 @@ def create_app(settings: Settings | None = None) -> HotPath:
         # Starlette types the handlers' exception parameter as plain Exception.
         exception_handlers={HTTPException: http_error, Exception: internal_error},  # type: ignore[dict-item]
     )
-    app.state.gateway = gateway
-    return HotPath(app, gateway)
+    app.state.runtime = runtime
+    return HotPath(app, doors)
+
+
+@dataclass(frozen=True)
+class Doors:
+    """The generation doors, each a converter around the one admission and pipeline."""
+
+    chat: ChatDoor
+    responses: ResponsesDoor
+    messages: MessagesDoor
 
 
 # With or without a trailing slash: the variant must not slip past validation, policies and
@@ -157,10 +182,10 @@ class HotPath:
     included, goes to the Starlette app.
     """
 
-    def __init__(self, app: Starlette, gateway: Gateway) -> None:
+    def __init__(self, app: Starlette, doors: Doors) -> None:
         self.app = app
         self.state = app.state
-        self.gateway = gateway
+        self.doors = doors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = HOT_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
@@ -193,8 +218,8 @@ class HotPath:
 
     async def door(self, request: Request, endpoint: str) -> ASGIApp:
         if endpoint == "responses":
-            return await responses_door(request, self.gateway)
+            return await self.doors.responses(request)
         if endpoint in ANTHROPIC_DOORS:
             path = MESSAGES if endpoint == "messages" else COUNT_TOKENS
-            return await messages_door(request, self.gateway, path)
-        return await self.gateway.handle(request, endpoint)
+            return await self.doors.messages(request, path)
+        return await self.doors.chat(request, endpoint)

@@ -5,7 +5,8 @@ request for its family (O(1)) and, when sampled, starts a task of its own that i
 by the request, so the report headers (and the first token) never wait for it:
 
 1. read the family's variant history (a telemetry blob: in process, or Redis),
-2. in a worker thread, transform the ORIGINAL body under each variant, fingerprint, compare,
+2. transform the ORIGINAL body under each variant, fingerprint, compare (in a worker thread,
+   unless the prompt is small enough that the hop would cost more than the work),
 3. queue the counters and the new history for the telemetry writer (batched like the rest).
 
 Cost is bounded two ways. One evaluation runs at a time per gateway process; a request that
@@ -44,6 +45,7 @@ MAX_EVALUATIONS_PER_S = 20.0
 BURST = 20.0
 HISTORY_TTL_S = 3600  # like the diagnostics' fingerprints
 HISTORY_PREFIX = "advice:"  # blob family names: apart from the diagnostics' own
+INLINE_MAX_TOKENS = 2048  # shadow work on a prompt this small stays on the loop
 
 
 def bucket_of(now: float) -> int:
@@ -119,12 +121,23 @@ class CacheAdvisor:
         self, tenant: str, bucket: int, result: PolicyResult, route: RouteGuess
     ) -> None:
         try:
-            family, current = await asyncio.to_thread(
-                self.chains.fingerprints, result, route, tenant
+            # A small prompt's shadow work costs less than a hop to a thread and back (and the
+            # thread would contend for the interpreter with the loop); a big one leaves the loop.
+            inline = result.fingerprints is not None and (
+                result.fingerprints.total_tokens <= INLINE_MAX_TOKENS
             )
+            if inline:
+                family, current = self.chains.fingerprints(result, route, tenant)
+            else:
+                family, current = await asyncio.to_thread(
+                    self.chains.fingerprints, result, route, tenant
+                )
             key = HISTORY_PREFIX + family
             blob = await self._telemetry.get_fingerprints(tenant, key)
-            fields, new_blob = await asyncio.to_thread(self.account, blob, current, route)
+            if inline:
+                fields, new_blob = self.account(blob, current, route)
+            else:
+                fields, new_blob = await asyncio.to_thread(self.account, blob, current, route)
             self._telemetry.put_fingerprints(tenant, key, new_blob, HISTORY_TTL_S)
             self._telemetry.put_advice(tenant, family, bucket, fields)
             self.evaluated += 1

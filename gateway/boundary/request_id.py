@@ -8,7 +8,7 @@ import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-REQUEST_ID_HEADER = b"x-request-id"
+from gateway.upstreams.base import REQUEST_ID_HEADER
 
 _REQUEST_IDS = itertools.count()
 _PROCESS_TAG = os.urandom(4).hex()

@@ -32,31 +32,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.boundary.body import parse_json, read_body, require_model
+from gateway.boundary.admit import Admission, AdmittedRequest, ParsedBody
+from gateway.boundary.body import parse_json, require_model
 from gateway.boundary.client_watch import ClientWatch
-from gateway.boundary.request_id import next_request_id
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
 from gateway.doors.messages_relay import MessagesRelay, error_body, send_error
-from gateway.doors.translated import MessagesShape, serve_as_chat, translate_request
+from gateway.doors.translated import MessagesShape, TranslatedFormat, translate_request
 from gateway.errors import GatewayError
 from gateway.paths import PassPath, fixed_path
-from gateway.pipeline.native_body import NativeBody, native_body
-from gateway.telemetry.record import RequestTiming
+from gateway.pipeline.chat import ChatPipeline
+from gateway.pipeline.prepare import NativeBody, Preparation
+from gateway.telemetry.record import RequestRecord
 from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.registry import Upstreams
 from policies.tokens import count_request_tokens
-
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
 
 log = logging.getLogger("firsttoken.messages")
 
@@ -64,51 +62,56 @@ MESSAGES = fixed_path("messages")
 COUNT_TOKENS = fixed_path("messages", "count_tokens")
 
 
-async def messages_door(request: Request, gateway: Gateway, path: PassPath) -> ASGIApp:
-    """The ASGI answer to one `POST /v1/messages` (or its `count_tokens`): the exchange with
-    an `anthropic` route, or the chat path's answer translated back, or an Anthropic error."""
-    arrival, wall_arrival = time.perf_counter(), time.time()
-    request_id = next_request_id()
-    settings = gateway.settings
-    try:
-        tenant = gateway.keys.tenant_for(request)
-        raw = await read_body(request, settings.max_body_bytes)
-        body, model, stream = parse_messages(raw, settings, path)
-        route = (await gateway.chain_for(model))[0]
-        if route.kind != "anthropic":
-            return await _translated(request, gateway, path, body, model, route, arrival)
-        timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
-        timing.api = "messages"
-        timing.route = route.name
-        if path is COUNT_TOKENS:  # not a generation: no policy reports, no diagnostics
-            prepared = NativeBody(_renamed(raw, body, model, route))
-        else:
-            prepared = await native_body(gateway, request, route, "messages", raw, body, timing)
-    except GatewayError as exc:
-        return anthropic_error(exc, request_id)
-    return MessagesExchange(request, gateway, path, request_id, route, timing, prepared)
+class MessagesDoor:
+    """`POST /v1/messages` (or its `count_tokens`): admitted once, then the exchange with an
+    `anthropic` route, or the chat pipeline's answer converted back, or an Anthropic error."""
 
+    def __init__(
+        self,
+        admission: Admission,
+        pipeline: ChatPipeline,
+        preparation: Preparation,
+        upstreams: Upstreams,
+        settings: Settings,
+    ) -> None:
+        self.admission = admission
+        self.pipeline = pipeline
+        self.preparation = preparation
+        self.upstreams = upstreams
+        self.settings = settings
 
-async def _translated(
-    request: Request,
-    gateway: Gateway,
-    path: PassPath,
-    body: dict,
-    model: str,
-    route: Route,
-    arrival: float,
-) -> ASGIApp:
-    """A Messages request for an `openai` or `local` route, served by the chat path."""
-    translated = translate_request(messages_request_to_chat, body, model, route)
-    if path is COUNT_TOKENS:
-        count = count_request_tokens(translated.body)
-        return Response(
-            orjson.dumps({"input_tokens": count}),
-            media_type="application/json",
-            headers={"x-firsttoken-estimate": "cl100k_base count of the translated request"},
+    async def __call__(self, request: Request, path: PassPath) -> ASGIApp:
+        count = path is COUNT_TOKENS
+        admitted = self.admission.begin(request, "count_tokens" if count else "messages")
+        try:
+            await self.admission.admit(admitted, parse_count_tokens if count else parse_messages)
+            route = admitted.route
+            if route.kind != "anthropic":
+                return await self._translated(admitted, path)
+            record = self.pipeline.record_for(admitted)
+            record.api = "messages"
+            record.route = route.name
+            # count_tokens is not a generation: no policy reports, no diagnostics
+            prepared = await self.preparation.native(admitted, record, policies=not count)
+        except GatewayError as exc:
+            return anthropic_error(exc, admitted.request_id)
+        return MessagesExchange(admitted, self.upstreams, self.settings, path, record, prepared)
+
+    async def _translated(self, admitted: AdmittedRequest, path: PassPath) -> ASGIApp:
+        """A Messages request for an `openai` or `local` route, served by the chat pipeline."""
+        assert admitted.body is not None
+        translated = translate_request(
+            messages_request_to_chat, admitted.body, admitted.model, admitted.route
         )
-    shape = MessagesShape(model)
-    return await serve_as_chat(gateway, request, translated, "messages", shape, arrival)
+        if path is COUNT_TOKENS:
+            count = count_request_tokens(translated.body)
+            return Response(
+                orjson.dumps({"input_tokens": count}),
+                media_type="application/json",
+                headers={"x-firsttoken-estimate": "cl100k_base count of the translated request"},
+            )
+        answer = TranslatedFormat(MessagesShape(admitted.model), translated.notes)
+        return await self.pipeline.serve(admitted, translated.body, answer)
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:
@@ -121,8 +124,8 @@ def anthropic_error(exc: GatewayError, request_id: str) -> Response:
     )
 
 
-def parse_messages(raw: bytes, settings: Settings, path: PassPath) -> tuple[dict, str, bool]:
-    """(body, model, stream), within the same limits as chat; a 400 naming what is wrong."""
+def parse_messages(raw: bytes, settings: Settings) -> ParsedBody:
+    """A Messages body within the same limits as chat; a 400 naming what is wrong."""
     body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
     model = require_model(body, settings.max_model_chars)
     messages = body.get("messages")
@@ -136,18 +139,13 @@ def parse_messages(raw: bytes, settings: Settings, path: PassPath) -> tuple[dict
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise GatewayError(400, "'stream' must be a boolean.")
-    return body, model, path is MESSAGES and stream is True
+    return ParsedBody(body, model, stream is True)
 
 
-def _renamed(raw: bytes, body: dict, model: str, route: Route) -> bytes:
-    """The client's bytes as they came, unless the route renames the model."""
-    upstream_model = route.upstream_model(model)
-    if upstream_model == model:
-        return raw
-    try:
-        return orjson.dumps({**body, "model": upstream_model})
-    except orjson.JSONEncodeError as exc:
-        raise GatewayError(400, f"The request body cannot be encoded as JSON ({exc}).") from None
+def parse_count_tokens(raw: bytes, settings: Settings) -> ParsedBody:
+    """A count_tokens body: a Messages body that never streams."""
+    parsed = parse_messages(raw, settings)
+    return ParsedBody(parsed.body, parsed.model, False)
 
 
 def forward_headers(request: Request) -> dict[str, str]:
@@ -162,34 +160,27 @@ def forward_headers(request: Request) -> dict[str, str]:
     return headers
 
 
-def status_kind(status: int) -> str:
-    """A failed request's telemetry status (see `gateway.telemetry.event.STATUSES`)."""
-    if status == 504:
-        return "timeout"
-    return "client_error" if 400 <= status < 500 and status != 429 else "upstream_error"
-
-
 class MessagesExchange:
     """One Messages API request to an `anthropic` route, as a raw ASGI response so that the
     status line, the upstream connection and the client's departure are all in its hands."""
 
     def __init__(
         self,
-        request: Request,
-        gateway: Gateway,
+        admitted: AdmittedRequest,
+        upstreams: Upstreams,
+        settings: Settings,
         path: PassPath,
-        request_id: str,
-        route: Route,
-        timing: RequestTiming,
+        record: RequestRecord,
         prepared: NativeBody,
     ) -> None:
-        self.request = request
-        self.gateway = gateway
-        self.settings = gateway.settings
+        self.request = admitted.request
+        self.upstreams = upstreams
+        self.settings = settings
         self.path = path
-        self.request_id = request_id
-        self.route = route
-        self.timing = timing
+        self.request_id = admitted.request_id
+        self.route = admitted.route
+        self.stream = admitted.stream
+        self.record = record
         self.prepared = prepared
         self.relay: MessagesRelay | None = None
 
@@ -197,14 +188,14 @@ class MessagesExchange:
         watch = ClientWatch()
         watch.start(receive)
         self.relay = MessagesRelay(
-            send, self.timing, self.request_id, self.route.name, self.settings, self.prepared
+            send, self.record, self.request_id, self.route.name, self.settings, self.prepared
         )
         try:
-            await self._exchange(self.route, self.prepared.data, self.timing.stream)
+            await self._exchange(self.route, self.prepared.data, self.stream)
         except asyncio.CancelledError:
             if not watch.absorbed():
                 raise
-            self.timing.status = "client_gone"
+            self.record.ended_with(499)
         except GatewayError as exc:
             await self._fail(send, exc)
         except Exception:  # a bug fails this request alone, with a clean 500 (logged)
@@ -218,12 +209,12 @@ class MessagesExchange:
 
     async def _exchange(self, route: Route, data: bytes, stream: bool) -> None:
         assert self.relay is not None
-        upstream = self.gateway.upstreams[route.name]
+        upstream = self.upstreams[route.name]
         headers = forward_headers(self.request)
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                self.timing.upstream_sent = time.perf_counter()
+                self.record.upstream_sent = time.perf_counter()
                 try:
                     resp = await upstream.forward("POST", self.path, headers, data)
                 except UpstreamError as exc:
@@ -243,21 +234,14 @@ class MessagesExchange:
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         level = logging.INFO if 400 <= exc.status < 500 else logging.WARNING
         log.log(level, "request %s failed: %s", self.request_id, exc.message)
-        if self.timing.status == "ok":
-            self.timing.status = status_kind(exc.status)
+        self.record.ended_with(exc.status)
         if self.relay is not None:
             await self.relay.error(exc)
         else:
             await send_error(send, exc, self.request_id)
 
     def _record(self) -> None:
-        """One telemetry event per `messages` request that reached a route (count_tokens is
-        not a generation and is not recorded); telemetry never fails the request."""
-        if self.path is not MESSAGES:
-            return
-        try:
-            self.gateway.telemetry.record(self.timing.to_event())
-        except Exception as exc:  # noqa: BLE001  # telemetry must never fail the response
-            log.warning(
-                "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
-            )
+        """One record per `messages` request that reached a route (count_tokens is not a
+        generation and is not recorded)."""
+        if self.path is MESSAGES:
+            self.record.finish()

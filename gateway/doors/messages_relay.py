@@ -23,9 +23,9 @@ from gateway.boundary.request_id import REQUEST_ID_HEADER
 from gateway.config.settings import Settings
 from gateway.doors.passthrough_relay import is_json, read_bounded
 from gateway.errors import GatewayError
-from gateway.pipeline.native_body import NativeBody
+from gateway.pipeline.prepare import NativeBody
 from gateway.sse import SSE_RAW_HEADERS, SSEEvent, event_name, read_events
-from gateway.telemetry.record import RequestTiming
+from gateway.telemetry.record import RequestRecord
 from gateway.translation.anthropic import openai_usage
 from gateway.translation.messages_chat import anthropic_error_type
 from gateway.upstreams.base import has_request_id, relayed_headers
@@ -89,7 +89,7 @@ class MessagesRelay:
     def __init__(
         self,
         send: Send,
-        timing: RequestTiming,
+        record: RequestRecord,
         request_id: str,
         route: str,
         settings: Settings,
@@ -97,7 +97,7 @@ class MessagesRelay:
     ) -> None:
         self.send = send
         self.prepared = prepared
-        self.timing = timing
+        self.record = record
         self.request_id = request_id
         self.route = route
         self.settings = settings
@@ -149,13 +149,13 @@ class MessagesRelay:
             )
         if status >= 500 or status < 200:
             mine = status if status in (503, 529) else 502
-            self.timing.status = "upstream_error"
+            self.record.status = "upstream_error"
             headers = answer_headers(resp.raw_headers, self.request_id, retry=True)
             await self.error(GatewayError(mine, f"Upstream {name!r} answered {status}."), headers)
             return
         media = resp.content_type
         if status >= 400:
-            self.timing.status = "upstream_error" if status == 429 else "client_error"
+            self.record.ended_with(status)
             await self._json(resp, status, retry=True)
         elif stream:
             if media != "text/event-stream":
@@ -181,7 +181,7 @@ class MessagesRelay:
                 502, f"Upstream {self.route!r} answered with a body that is not a JSON object."
             )
         if status < 300 and "usage" in parsed:
-            self.timing.usage = openai_usage(parsed["usage"])
+            self.record.usage = openai_usage(parsed["usage"])
         headers = answer_headers(resp.raw_headers, self.request_id, retry=retry)
         await self.whole(status, [*headers, *await self._policy_headers()], raw)
 
@@ -200,7 +200,7 @@ class MessagesRelay:
                 if await self._forward(read.events, read.arrived):
                     return
                 if read.too_big:
-                    self.timing.status = "upstream_error"
+                    self.record.status = "upstream_error"
                     await self.end(
                         error_event(
                             f"An upstream event exceeded {limit} bytes "
@@ -209,10 +209,10 @@ class MessagesRelay:
                     )
                     return
         except aiohttp.ClientError as exc:
-            self.timing.status = "upstream_error"
+            self.record.status = "upstream_error"
             await self.end(error_event(f"The upstream stream failed ({type(exc).__name__})."))
             return
-        self.timing.status = "upstream_error"
+        self.record.status = "upstream_error"
         await self.end(error_event("The upstream stream ended before message_stop."))
 
     async def _forward(self, events: list[SSEEvent], arrived: float) -> bool:
@@ -231,7 +231,7 @@ class MessagesRelay:
             elif name in FINAL_EVENTS:
                 final, cut = True, i + 1
                 if name == "error":
-                    self.timing.status = "upstream_error"
+                    self.record.status = "upstream_error"
                 break
         out = b"".join(event.raw for event in events[:cut])
         if final:
@@ -239,7 +239,7 @@ class MessagesRelay:
         else:
             await self.write(out)
         if content:
-            self.timing.content_arrived(arrived, time.perf_counter())
+            self.record.content_arrived(arrived, time.perf_counter())
         return final
 
     def _note_usage(self, name: str, data: bytes | None) -> None:
@@ -256,4 +256,4 @@ class MessagesRelay:
         if not isinstance(usage, dict):
             return
         self._usage.update((k, v) for k, v in usage.items() if v is not None)
-        self.timing.usage = openai_usage(self._usage)
+        self.record.usage = openai_usage(self._usage)

@@ -10,18 +10,17 @@ rejects, and `models.retrieve(id)` answers for every listed name, from the gatew
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
 
+from gateway.boundary.admit import Admission
 from gateway.errors import GatewayError
 from gateway.upstreams.base import ModelCard
-
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+from gateway.upstreams.registry import Upstreams
 
 PATTERN_CHARS = frozenset("*?[")
 
@@ -30,11 +29,10 @@ def _json(obj: object) -> Response:
     return Response(orjson.dumps(obj), media_type="application/json")
 
 
-async def list_models(gateway: Gateway) -> list[ModelCard]:
-    """Every servable model once, in route order. An upstream whose list does not come in
-    time only leaves its own pattern-matched models out."""
-    table = gateway.table
-    created = int(gateway.started_at)
+async def list_models(upstreams: Upstreams, created: int) -> list[ModelCard]:
+    """Every servable model once, in route order (`created`: when the gateway started). An
+    upstream whose list does not come in time only leaves its own pattern-matched models out."""
+    table = upstreams.table
     cards: dict[str, ModelCard] = {}
 
     for route in table.routes:
@@ -50,8 +48,8 @@ async def list_models(gateway: Gateway) -> list[ModelCard]:
                 }
         if patterns:
             with contextlib.suppress(GatewayError):  # a route that failed to start lists nothing
-                await gateway.upstream_ready(route.name)
-            for card in await gateway.upstreams[route.name].model_cards():
+                await upstreams.ready(route.name)
+            for card in await upstreams[route.name].model_cards():
                 # Listed by this route's upstream: only if this route serves it.
                 serving = table.match(card["id"])
                 if serving is route and card["id"] not in cards:
@@ -59,21 +57,25 @@ async def list_models(gateway: Gateway) -> list[ModelCard]:
     return list(cards.values())
 
 
-def models_endpoints(gateway: Gateway) -> list[HttpRoute]:
+def models_endpoints(
+    admission: Admission, upstreams: Upstreams, started_at: Callable[[], float]
+) -> list[HttpRoute]:
+    """The two endpoints, for authenticated callers (`started_at`: the gateway's start time)."""
+
     async def models(request: Request) -> Response:
         try:
-            gateway.keys.tenant_for(request)
+            admission.authenticate(admission.begin(request, "models"))
         except GatewayError as exc:
             return exc.to_response()
-        return _json({"object": "list", "data": await list_models(gateway)})
+        return _json({"object": "list", "data": await list_models(upstreams, int(started_at()))})
 
     async def model(request: Request) -> Response:
         try:
-            gateway.keys.tenant_for(request)
+            admission.authenticate(admission.begin(request, "models"))
         except GatewayError as exc:
             return exc.to_response()
         wanted = request.path_params["model_id"]
-        for card in await list_models(gateway):
+        for card in await list_models(upstreams, int(started_at())):
             if card["id"] == wanted:
                 return _json(card)
         shown = wanted if len(wanted) <= 200 else wanted[:200] + "..."

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body
 from gateway.boundary.client_watch import ClientWatch
 from gateway.config.routes import Route, RouteTable
@@ -34,9 +35,12 @@ from gateway.doors.passthrough_relay import AnswerObserver, Relay
 from gateway.errors import GatewayError
 from gateway.paths import PassPath, parse_target
 from gateway.upstreams.base import Upstream, UpstreamError
+from gateway.upstreams.registry import Upstreams
 
 if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+    from gateway.boundary.ownership import Ownership
+    from gateway.config.settings import Settings
+    from gateway.telemetry import Telemetry
 
 log = logging.getLogger("firsttoken.passthrough")
 
@@ -103,9 +107,14 @@ def _family_off(family: str) -> GatewayError:
     )
 
 
-async def passthrough(request: Request, gateway: Gateway) -> Exchange:
-    """The ASGI response that performs the exchange (it needs `receive` and `send` itself)."""
-    return Exchange(request, gateway)
+@dataclass(frozen=True)
+class Passthrough:
+    """What a passthrough exchange uses of the running gateway."""
+
+    settings: Settings
+    objects: Ownership
+    upstreams: Upstreams
+    telemetry: Telemetry
 
 
 @dataclass
@@ -126,21 +135,26 @@ class Exchange:
     """One passthrough request, as a raw ASGI response so that the status line, the upstream
     connection and the client's departure are all in its hands."""
 
-    def __init__(self, request: Request, gateway: Gateway, ready: ReadyBody | None = None) -> None:
-        self.request = request
-        self.gateway = gateway
+    def __init__(
+        self,
+        admitted: AdmittedRequest,
+        parts: Passthrough,
+        ready: ReadyBody | None = None,
+    ) -> None:
+        self.admitted = admitted
+        self.request = admitted.request
+        self.parts = parts
         self.ready = ready
-        self.settings = gateway.settings
+        self.settings = parts.settings
         self.relay: Relay | None = None
         self.upload_error: BaseException | None = None
         self.watch: ClientWatch | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        arrival = time.perf_counter()
+        arrival = self.admitted.arrival
         self.watch = watch = ClientWatch()
-        tenant, family, status = None, "invalid", 500
+        tenant, family, status = self.admitted.tenant, "invalid", 500
         try:
-            tenant = self.gateway.keys.tenant_for(self.request)
             path = parse_target(
                 scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b"")
             )
@@ -160,11 +174,11 @@ class Exchange:
             watch.stop()
             if self.ready is not None:
                 self.ready.observer.finish(status)
-            elif tenant is not None:
+            else:
                 self._observe(tenant, family, status, time.perf_counter() - arrival)
 
     def _observe(self, tenant: str, family: str, status: int, seconds: float) -> None:
-        telemetry = self.gateway.telemetry
+        telemetry = self.parts.telemetry
         if telemetry.enabled:
             try:
                 telemetry.metrics.observe_passthrough(tenant, family, status, seconds)
@@ -209,7 +223,7 @@ class Exchange:
             raise GatewayError(400, "Content-Length must be a number.", code="invalid_request")
         media = (content_type or "").split(";", 1)[0].strip().lower()
         if media in UPLOAD_TYPES:
-            if self.gateway.objects.enabled and not path.takes_upload:
+            if self.parts.objects.enabled and not path.takes_upload:
                 raise GatewayError(
                     415,
                     f"{path.display()} takes a JSON body.",
@@ -245,14 +259,19 @@ class Exchange:
             self._watch_disconnect(receive)
         else:
             data, body, content_type = await self._read_request(path, receive)
-        objects = self.gateway.objects
+        objects, upstreams = self.parts.objects, self.parts.upstreams
         owner_route = await objects.check_request(tenant, path, method, body)
-        model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(model, str) or len(model) > self.settings.max_model_chars:
-            model = None
-        route = choose_route(self.gateway.table, path.family, model, owner_route)
-        await self.gateway.upstream_ready(route.name)
-        upstream = self.gateway.upstreams[route.name]
+        if self.ready is not None:  # admitted and routed by its door
+            route = self.admitted.route
+            if not route.allows_passthrough(path.family):
+                raise _family_off(path.family)
+        else:
+            model = body.get("model") if isinstance(body, dict) else None
+            if not isinstance(model, str) or len(model) > self.settings.max_model_chars:
+                model = None
+            route = choose_route(upstreams.table, path.family, model, owner_route)
+        await upstreams.ready(route.name)
+        upstream = upstreams[route.name]
         headers = forward_headers(self.request)
         if content_type is not None:
             headers["content-type"] = content_type

@@ -17,28 +17,24 @@ them to the route that created the response, for the tenant that created it.
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
-from gateway.boundary.body import parse_json, read_body, require_model
-from gateway.boundary.request_id import next_request_id
-from gateway.doors.passthrough import Exchange, ReadyBody
-from gateway.doors.translated import ResponsesShape, serve_as_chat, translate_request
+from gateway.boundary.admit import Admission, ParsedBody
+from gateway.boundary.body import parse_json, require_model
+from gateway.config.settings import Settings
+from gateway.doors.passthrough import Exchange, Passthrough, ReadyBody
+from gateway.doors.translated import ResponsesShape, TranslatedFormat, translate_request
 from gateway.errors import GatewayError
-from gateway.pipeline.native_body import NativeBody, native_body
+from gateway.pipeline.chat import ChatPipeline
+from gateway.pipeline.prepare import NativeBody, Preparation
 from gateway.sse import SSEEvent, event_name
-from gateway.telemetry.record import RequestTiming, token_count
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.usage import token_count
 from gateway.translation.responses_chat import responses_request_to_chat
-
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
-
-log = logging.getLogger("firsttoken.responses")
 
 # The deltas that carry output: the first of them is the first token.
 OUTPUT_DELTAS = frozenset(
@@ -56,31 +52,51 @@ OUTPUT_DELTAS = frozenset(
 FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
-async def responses_door(request: Request, gateway: Gateway) -> ASGIApp:
-    """The ASGI answer to one `POST /v1/responses`."""
-    arrival, wall_arrival = time.perf_counter(), time.time()
-    request_id = next_request_id()
-    settings = gateway.settings
-    try:
-        tenant = gateway.keys.tenant_for(request)
-        raw = await read_body(request, settings.max_body_bytes)
-        body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
-        model = require_model(body, settings.max_model_chars)
-        stream = validate_responses(body, settings.max_messages)
-        chain = await gateway.chain_for(model)
-        route = chain[0]
-        if route.kind != "openai":
-            translated = translate_request(responses_request_to_chat, body, model, route)
-            shape = ResponsesShape(body, model)
-            return await serve_as_chat(gateway, request, translated, "responses", shape, arrival)
-        timing = RequestTiming(tenant, model, stream, arrival=arrival, wall_arrival=wall_arrival)
-        timing.api = "responses"
-        timing.route = route.name
-        prepared = await native_body(gateway, request, route, "responses", raw, body, timing)
-    except GatewayError as exc:
-        return exc.to_response(request_id)
-    observer = ResponsesObserver(gateway, timing, prepared, request_id)
-    return Exchange(request, gateway, ReadyBody(prepared.data, body, observer))
+class ResponsesDoor:
+    """`POST /v1/responses`: admitted once, then native or translated by its first route."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        pipeline: ChatPipeline,
+        preparation: Preparation,
+        passthrough: Passthrough,
+    ) -> None:
+        self.admission = admission
+        self.pipeline = pipeline
+        self.preparation = preparation
+        self.passthrough = passthrough
+
+    async def __call__(self, request: Request) -> ASGIApp:
+        admitted = self.admission.begin(request, "responses")
+        try:
+            await self.admission.admit(admitted, parse_responses)
+            route = admitted.route
+            if route.kind != "openai":
+                translated = translate_request(
+                    responses_request_to_chat, admitted.body or {}, admitted.model, route
+                )
+                shape = ResponsesShape(admitted.body or {}, admitted.model)
+                answer = TranslatedFormat(shape, translated.notes)
+                return await self.pipeline.serve(admitted, translated.body, answer)
+            record = self.pipeline.record_for(admitted)
+            record.route = route.name
+            prepared = await self.preparation.native(admitted, record)
+        except GatewayError as exc:
+            return exc.to_response(admitted.request_id)
+        assert admitted.body is not None
+        observer = ResponsesObserver(record, prepared)
+        return Exchange(
+            admitted, self.passthrough, ReadyBody(prepared.data, admitted.body, observer)
+        )
+
+
+def parse_responses(raw: bytes, settings: Settings) -> ParsedBody:
+    """A Responses body, checked enough to route and measure it."""
+    body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    model = require_model(body, settings.max_model_chars)
+    stream = validate_responses(body, settings.max_messages)
+    return ParsedBody(body, model, stream)
 
 
 def validate_responses(body: dict, max_items: int) -> bool:
@@ -125,19 +141,14 @@ def chat_usage(usage: object) -> dict | None:
 
 class ResponsesObserver:
     """Reads a native Responses answer for telemetry as the passthrough relays it, adds the
-    policy headers, and records the request once when it ends."""
+    policy headers, and finishes the request's record when it ends."""
 
-    def __init__(
-        self, gateway: Gateway, timing: RequestTiming, prepared: NativeBody, request_id: str
-    ) -> None:
-        self.gateway = gateway
-        self.timing = timing
+    def __init__(self, record: RequestRecord, prepared: NativeBody) -> None:
+        self.record = record
         self.prepared = prepared
-        self.request_id = request_id
-        self.failed = False
 
     async def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.request_id, **await self.prepared.headers()}
+        return {"x-request-id": self.record.request_id, **await self.prepared.headers()}
 
     def whole(self, raw: bytes) -> None:
         try:
@@ -145,7 +156,7 @@ class ResponsesObserver:
         except orjson.JSONDecodeError:
             return
         if isinstance(payload, dict):
-            self.timing.usage = chat_usage(payload.get("usage"))
+            self.record.usage = chat_usage(payload.get("usage"))
 
     def events(self, events: list[SSEEvent], arrived: float) -> None:
         content = False
@@ -154,12 +165,13 @@ class ResponsesObserver:
             if name in OUTPUT_DELTAS:
                 content = True
             elif name in FINAL_EVENTS:
-                self.failed = name == "response.failed"
+                if name == "response.failed":
+                    self.record.status = "upstream_error"
                 self._final_usage(event.data)
             elif name == "error":
-                self.failed = True
+                self.record.status = "upstream_error"
         if content:
-            self.timing.content_arrived(arrived, time.perf_counter())
+            self.record.content_arrived(arrived, time.perf_counter())
 
     def _final_usage(self, data: bytes | None) -> None:
         try:
@@ -168,23 +180,8 @@ class ResponsesObserver:
             return
         response = payload.get("response") if isinstance(payload, dict) else None
         if isinstance(response, dict):
-            self.timing.usage = chat_usage(response.get("usage"))
+            self.record.usage = chat_usage(response.get("usage"))
 
     def finish(self, status: int) -> None:
-        timing = self.timing
-        if self.failed:
-            timing.status = "upstream_error"
-        elif status == 499:
-            timing.status = "client_gone"
-        elif status == 504:
-            timing.status = "timeout"
-        elif 400 <= status < 500 and status != 429:
-            timing.status = "client_error"
-        elif status >= 300:
-            timing.status = "upstream_error"
-        try:
-            self.gateway.telemetry.record(timing.to_event())
-        except Exception as exc:  # noqa: BLE001  # telemetry must never fail the response
-            log.warning(
-                "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
-            )
+        self.record.ended_with(status)
+        self.record.finish()

@@ -17,32 +17,36 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.advisor import advisor_for, bucket_of, tenant_advice
+from gateway.boundary.admit import Admission
 from gateway.ops.metrics import asked_tenant, json_answer, tenant_to_read, window_param
 from gateway.telemetry.store import ADVICE_BUCKET_S
 
 if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+    from gateway.telemetry import Telemetry
+    from policies.config import PolicyOptions
 
 
-async def _tenant_answer(gateway: Gateway, tenant: str, window: int) -> dict:
+async def _tenant_answer(telemetry: Telemetry, tenant: str, window: int) -> dict:
     last = bucket_of(time.time())
     first = last - (window + ADVICE_BUCKET_S - 1) // ADVICE_BUCKET_S + 1
-    per_family = await gateway.telemetry.read_advice(tenant, first, last)
+    per_family = await telemetry.read_advice(tenant, first, last)
     return tenant_advice(tenant, per_family, window)
 
 
-def advice_endpoints(gateway: Gateway) -> list[Route]:
+def advice_endpoints(
+    admission: Admission, telemetry: Telemetry, policy_options: PolicyOptions
+) -> list[Route]:
     # The variants add their opt-in to the options this gateway runs with.
-    advisor_for(gateway.telemetry).configure(gateway.settings.policy_options)
+    advisor_for(telemetry).configure(policy_options)
 
     async def cache_advice(request: Request) -> Response:
         async def read() -> dict:
             window = window_param(request)
-            tenant, _ = tenant_to_read(gateway, request, asked_tenant(request), "cache advice")
+            tenant, _ = tenant_to_read(admission, request, asked_tenant(request), "cache advice")
             if tenant != "*":
-                return await _tenant_answer(gateway, tenant, window)
-            tenants = await gateway.telemetry.known_tenants()
-            answers = [await _tenant_answer(gateway, t, window) for t in tenants]
+                return await _tenant_answer(telemetry, tenant, window)
+            tenants = await telemetry.known_tenants()
+            answers = [await _tenant_answer(telemetry, t, window) for t in tenants]
             return {"window_s": window, "tenants": [a for a in answers if a["families"]]}
 
         return await json_answer(read, "cache advice")

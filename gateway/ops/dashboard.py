@@ -21,17 +21,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from gateway.boundary.admit import Admission
 from gateway.errors import GatewayError
-
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
 
 ASSET_DIR = Path(__file__).with_name("assets")
 ASSETS = {
@@ -86,7 +83,7 @@ def load_assets(directory: Path = ASSET_DIR) -> tuple[bytes, dict[str, Asset]]:
     return page.encode("utf-8"), assets
 
 
-def dashboard_endpoints(gateway: Gateway) -> list[Route]:
+def dashboard_endpoints(admission: Admission) -> list[Route]:
     """The page, its assets and `whoami`; register them before the `/v1/{path}` catch-all."""
     page, assets = load_assets()
 
@@ -120,11 +117,12 @@ def dashboard_endpoints(gateway: Gateway) -> list[Route]:
         headers = {"cache-control": "no-store"}
         try:
             body: dict[str, str | bool | None]
-            if gateway.keys.is_admin(request):
-                body = {"tenant": None, "admin": True, "open": gateway.keys.open}
+            if admission.is_admin(request):
+                body = {"tenant": None, "admin": True, "open": admission.open}
             else:
-                tenant = gateway.keys.tenant_for(request)  # 401 for a missing or unknown key
-                body = {"tenant": tenant, "admin": False, "open": gateway.keys.open}
+                # 401 for a missing or unknown key
+                tenant = admission.authenticate(admission.begin(request, "whoami")).tenant
+                body = {"tenant": tenant, "admin": False, "open": admission.open}
         except GatewayError as exc:
             response = exc.to_response()
             response.headers.update(headers)

@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.boundary.admit import Admission
 from gateway.errors import GatewayError
 from gateway.telemetry.event import APIS
 from gateway.telemetry.series import MAX_STEP_S, MIN_STEP_S, MIN_WINDOW_S, series_problem
 
 if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+    from gateway.telemetry import Telemetry
 
 log = logging.getLogger("firsttoken.metrics")
 
@@ -91,27 +92,16 @@ def _series_window(request: Request) -> tuple[int, int]:
     return window, step
 
 
-def _exposition(gateway: Gateway, gzipped: bool) -> tuple[bytes, str]:
-    body, content_type = gateway.telemetry.prometheus_exposition()
+def _exposition(telemetry: Telemetry, gzipped: bool) -> tuple[bytes, str]:
+    body, content_type = telemetry.prometheus_exposition()
     return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
 
 
 def tenant_to_read(
-    gateway: Gateway, request: Request, asked: str | None, what: str = "metrics"
+    admission: Admission, request: Request, asked: str | None, what: str = "metrics"
 ) -> tuple[str, bool]:
-    """(the tenant to read, whether the caller is an admin): a tenant only itself (a 403 for
-    another, never an empty success), an admin any tenant or `*` (`default` unless asked)."""
-    if gateway.keys.is_admin(request):
-        return asked or "default", True
-    tenant = gateway.keys.tenant_for(request)
-    if asked is not None and asked != tenant:
-        raise GatewayError(
-            403,
-            f"A tenant may read only its own {what}.",
-            param="tenant",
-            code="forbidden_tenant",
-        )
-    return tenant, False
+    """(the tenant to read, whether the caller is an admin); see `Admission.reader`."""
+    return admission.reader(request, asked, what)
 
 
 async def json_answer(
@@ -133,17 +123,23 @@ async def json_answer(
     return Response(orjson.dumps(answer), media_type="application/json")
 
 
-def metrics_endpoints(gateway: Gateway) -> list[Route]:
+def metrics_endpoints(
+    admission: Admission, telemetry: Telemetry, fleets: Callable[[], dict[str, dict]]
+) -> list[Route]:
+    """TTFT figures (JSON, series) for tenants and admins, Prometheus for admins; `fleets`:
+    each replicated or pd route's fleet figures, for operators."""
+
     async def ttft(request: Request) -> Response:
         async def read() -> dict:
             window = window_param(request)
             asked = asked_tenant(request)
             api = _api(request)
-            tenant, admin = tenant_to_read(gateway, request, asked)
-            report = await gateway.telemetry.report(tenant, window, api)
-            if gateway.fleets and (admin or gateway.keys.open):
+            tenant, admin = tenant_to_read(admission, request, asked)
+            report = await telemetry.report(tenant, window, api)
+            states = fleets()
+            if states and (admin or admission.open):
                 # Fleet-wide (every tenant's requests): for operators only.
-                report["replicas"] = gateway.fleet_states()
+                report["replicas"] = states
             return report
 
         return await json_answer(read)
@@ -154,13 +150,13 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
             asked = asked_tenant(request)
             api = _api(request)
             route = _route(request)
-            tenant, _ = tenant_to_read(gateway, request, asked)
-            return await gateway.telemetry.series(tenant, window, step, route, api)
+            tenant, _ = tenant_to_read(admission, request, asked)
+            return await telemetry.series(tenant, window, step, route, api)
 
         return await json_answer(read)
 
     async def prometheus(request: Request) -> Response:
-        if not gateway.keys.open and not gateway.keys.is_admin(request):
+        if not admission.open and not admission.is_admin(request):
             return GatewayError(
                 401,
                 "/metrics needs an admin key (FIRSTTOKEN_ADMIN_KEYS).",
@@ -171,7 +167,7 @@ def metrics_endpoints(gateway: Gateway) -> list[Route]:
         # A scrape of many tenants runs to megabytes of text: rendered (and gzipped, when the
         # scraper takes it, as Prometheus does) off the event loop.
         gzipped = "gzip" in request.headers.get("accept-encoding", "").lower()
-        body, content_type = await asyncio.to_thread(_exposition, gateway, gzipped)
+        body, content_type = await asyncio.to_thread(_exposition, telemetry, gzipped)
         headers = {"content-type": content_type}
         if gzipped:
             headers["content-encoding"] = "gzip"

@@ -19,9 +19,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config.settings import SECRET_FIELDS, Settings
+from gateway.pipeline.policies import POLICY_HEADER
+
+if TYPE_CHECKING:
+    from gateway.boundary.admit import AdmittedRequest
+    from gateway.boundary.offload import HeavyWork
 from gateway.errors import GatewayError
 
 # Set in each worker process by `worker_init`.
@@ -131,7 +136,7 @@ def _prepare(
 ) -> Prepared | NotHere:
     from gateway.boundary.body import parse_request
     from gateway.boundary.ownership import find_references, might_reference
-    from gateway.pipeline.prepared import PolicyBodies
+    from gateway.pipeline.prepare import PolicyBodies
     from gateway.upstreams.base import UpstreamError, encode_body
 
     settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
@@ -145,7 +150,7 @@ def _prepare(
     names = policies.names_for(route, policy_header)
     stream = bool(body.get("stream"))
     per_route = PolicyBodies(
-        policies, names, body, endpoint=endpoint, tenant=tenant, model=model, stream=stream
+        policies, names, body, api=endpoint, tenant=tenant, model=model, stream=stream
     )
     bodies = {}
     for r in chain:
@@ -182,3 +187,31 @@ def dumps_settings(settings: Settings) -> dict:
     """Settings as plain data for `worker_init`: JSON types only, and no key (a worker
     authenticates nobody and calls no upstream)."""
     return settings.model_dump(mode="json", exclude=set(SECRET_FIELDS))
+
+
+class BigBodyWorkers:
+    """The worker processes as admission's `BigBodies`: a big chat or completions body is
+    parsed, checked and prepared there instead of on the event loop."""
+
+    def __init__(self, offload: HeavyWork, find_references: bool, fingerprints: bool) -> None:
+        self.offload = offload
+        self.find_references = find_references
+        self.fingerprints = fingerprints
+
+    def takes(self, api: str, size: int) -> bool:
+        return api in ("chat", "completions") and self.offload.is_big(size)
+
+    async def parse(self, admitted: AdmittedRequest) -> Prepared | None:
+        outcome = await self.offload.run_in_process(
+            admitted.tenant,
+            prepare,
+            admitted.raw,
+            admitted.api,
+            admitted.tenant,
+            admitted.headers.get(POLICY_HEADER),
+            self.find_references,
+            self.fingerprints,
+        )
+        if isinstance(outcome, Refused):
+            raise outcome.error()
+        return outcome if isinstance(outcome, Prepared) else None

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import orjson
 from starlette.responses import Response
 from starlette.types import Receive
 
@@ -21,8 +22,9 @@ from gateway.boundary.client_watch import wait_for_disconnect
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
 from gateway.errors import GatewayError
+from gateway.pipeline.answer import CHAT, AnswerFormat
 from gateway.pipeline.prepared import PreparedRequest
-from gateway.telemetry.record import RequestTiming
+from gateway.telemetry.record import RequestRecord, status_class
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -63,7 +65,7 @@ class Proxy:
     async def attempt(
         self,
         plan: PreparedRequest,
-        timing: RequestTiming,
+        record: RequestRecord,
         call: Callable[[Upstream, UpstreamBody, CallContext, Route], Awaitable[T]],
     ) -> tuple[T, Route]:
         """Run `call` on the route chain: retry on retryable errors, then fall back, all before
@@ -76,11 +78,11 @@ class Proxy:
             ctx = self._context(plan, body)
             budget_end = time.perf_counter() + self.timeout(route)
             for attempt in range(self.settings.retry_attempts):
-                timing.route, timing.fallback = route.name, position > 0
-                timing.upstream_sent = time.perf_counter()
+                record.route, record.fallback = route.name, position > 0
+                record.upstream_sent = time.perf_counter()
                 try:
                     result = await call(upstream, body, ctx, route)
-                    timing.hedged = ctx.hedged
+                    record.hedged = ctx.hedged
                     return result, route
                 except UpstreamError as exc:
                     last = exc
@@ -107,7 +109,11 @@ class Proxy:
         raise last
 
     async def complete(
-        self, plan: PreparedRequest, timing: RequestTiming, receive: Receive
+        self,
+        plan: PreparedRequest,
+        record: RequestRecord,
+        receive: Receive,
+        answer: AnswerFormat = CHAT,
     ) -> Response:
         """A non-streaming request; if the client leaves first, the upstream request is closed
         at once instead of paying for an answer nobody will read."""
@@ -126,7 +132,7 @@ class Proxy:
                     f"upstream {route.name!r} failed ({type(exc).__name__})"
                 ) from None
 
-        work = asyncio.ensure_future(self.attempt(plan, timing, call))
+        work = asyncio.ensure_future(self.attempt(plan, record, call))
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -139,26 +145,28 @@ class Proxy:
                 await work
             except BaseException:  # noqa: BLE001  # cancelled for a client that left: no one reads it
                 pass
-            timing.status = "client_gone"
-            plan.finish(timing)
+            record.ended_with(499)
+            record.finish()
             return Response(status_code=499)  # nobody is there to read it
         try:
             result, _ = work.result()
         except UpstreamError as exc:
-            timing.status = status_kind(exc)
-            plan.finish(timing)
+            response = upstream_error_response(exc, plan, answer)
+            record.ended_with(client_status(exc))
+            record.finish()
             log_failure(plan, exc)
-            return upstream_error_response(exc, plan)
-        timing.usage = result.usage
+            return response
+        record.usage = result.usage
         headers = await plan.headers()
-        plan.finish(timing)
+        record.finish()
         response = Response(
-            result.body,
+            answer.whole(result.status, result.body),
             status_code=result.status,
             media_type=None,
             headers={"content-type": result.content_type, **headers},
         )
         response.raw_headers.extend(upstream_headers(plan, result.headers))
+        response.raw_headers.extend(answer.headers)
         return response
 
 
@@ -175,39 +183,47 @@ def upstream_headers(
 
 def log_failure(plan: PreparedRequest, exc: UpstreamError) -> None:
     """One line per request that no route could serve, with the id its client was given."""
-    level = logging.INFO if status_kind(exc) == "client_error" else logging.WARNING
+    level = logging.INFO if status_class(client_status(exc)) == "client_error" else logging.WARNING
     log.log(level, "request %s (tenant %s) failed: %s", plan.request_id, plan.tenant, exc.message)
 
 
-def status_kind(exc: UpstreamError) -> str:
+def client_status(exc: UpstreamError) -> int:
+    """The status the client gets for `exc` (see `upstream_error_response`)."""
     if isinstance(exc, UpstreamTimeout):
-        return "timeout"
-    return "client_error" if 400 <= exc.status < 500 and exc.status != 429 else "upstream_error"
+        return 504
+    if 400 <= exc.status < 500 and exc.body is not None:
+        return exc.status
+    return 503 if exc.status == 503 else 502
 
 
 def error_type(exc: UpstreamError) -> str:
     return "timeout_error" if isinstance(exc, UpstreamTimeout) else "upstream_error"
 
 
-def upstream_error_response(exc: UpstreamError, plan: PreparedRequest) -> Response:
-    """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504."""
+def upstream_error_response(
+    exc: UpstreamError, plan: PreparedRequest, answer: AnswerFormat = CHAT
+) -> Response:
+    """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504.
+    The body is in the client's API (`answer`)."""
     headers = plan.response_headers
+    status = client_status(exc)
     if 400 <= exc.status < 500 and exc.body is not None:
         response = Response(
-            exc.body,
-            status_code=exc.status,
+            answer.whole(status, exc.body),
+            status_code=status,
             headers={"content-type": exc.content_type or "application/json", **headers},
         )
     else:
-        if isinstance(exc, UpstreamTimeout):
-            status = 504
-        else:
-            status = 503 if exc.status == 503 else 502
         error = GatewayError(status, exc.message, code="upstream_" + str(exc.status))
-        response = error.to_response()
+        response = Response(
+            answer.whole(status, orjson.dumps(error.to_dict())),
+            status_code=status,
+            media_type="application/json",
+        )
         response.headers.update(headers)
         if exc.retry_after is not None and status == 503 and not exc.headers:
             response.headers["retry-after"] = str(int(exc.retry_after))
     # The upstream's Retry-After, rate-limit and request-id headers, as it sent them.
     response.raw_headers.extend(upstream_headers(plan, exc.headers))
+    response.raw_headers.extend(answer.headers)
     return response

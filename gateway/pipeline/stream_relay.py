@@ -18,18 +18,18 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.boundary.client_watch import wait_for_disconnect
 from gateway.config.routes import Route
-from gateway.errors import sse_error_event
+from gateway.pipeline.answer import CHAT, AnswerFormat
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.proxy import (
     Proxy,
+    client_status,
     error_type,
     log_failure,
-    status_kind,
     upstream_error_response,
     upstream_headers,
 )
-from gateway.sse import DONE, KEEPALIVE, SSE_RAW_HEADERS
-from gateway.telemetry.record import RequestTiming
+from gateway.sse import SSE_RAW_HEADERS
+from gateway.telemetry.record import RequestRecord
 from gateway.upstreams.base import (
     CallContext,
     OutEvent,
@@ -47,10 +47,17 @@ class StreamRelay:
     Whatever the upstream does, the client's stream ends the same way: a finish or an error
     event, then `data: [DONE]`, and nothing after it."""
 
-    def __init__(self, proxy: Proxy, plan: PreparedRequest, timing: RequestTiming) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        plan: PreparedRequest,
+        record: RequestRecord,
+        answer: AnswerFormat = CHAT,
+    ) -> None:
         self.proxy = proxy
         self.plan = plan
-        self.timing = timing
+        self.record = record
+        self.answer = answer
         self.started = False
         self.client_gone = False
         self.finished = False
@@ -79,13 +86,13 @@ class StreamRelay:
         finally:
             self.finished = True
             watcher.cancel()
-            self.plan.finish(self.timing)
+            self.record.finish()
 
     def _on_disconnect(self, watcher: asyncio.Future, relay_task: asyncio.Task | None) -> None:
         if self.finished or watcher.cancelled() or watcher.exception() is not None:
             return
         self.client_gone = True
-        self.timing.status = "client_gone"
+        self.record.ended_with(499)
         if relay_task is not None:
             relay_task.cancel()
 
@@ -100,6 +107,7 @@ class StreamRelay:
                 *SSE_RAW_HEADERS,
                 *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
                 *upstream_headers(self.plan, self._relayed),
+                *self.answer.headers,
             ]
             await send({"type": "http.response.start", "status": 200, "headers": raw})
             self.started = True
@@ -120,7 +128,7 @@ class StreamRelay:
 
     async def _send_keepalive(self, send: Send) -> None:
         await self._start(send)
-        await self._write(send, KEEPALIVE)
+        await self._write(send, self.answer.keepalive())
         self._arm_keepalive(send)
 
     def _stop_keepalives(self) -> None:
@@ -177,23 +185,23 @@ class StreamRelay:
             self._stop_keepalives()
 
     async def _relay(self, send: Send) -> None:
-        plan, timing = self.plan, self.timing
+        plan, record, answer = self.plan, self.record, self.answer
         try:
             (stream, iterator, first), route = await self.proxy.attempt(
-                plan, timing, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
+                plan, record, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
             )
         except UpstreamError as exc:
-            timing.status = status_kind(exc)
+            record.ended_with(client_status(exc))
             log_failure(plan, exc)
             if not self.started:
-                response = upstream_error_response(exc, plan)
+                response = upstream_error_response(exc, plan, answer)
                 await response({"type": "http"}, _no_receive, send)
             else:
-                await self._end(send, sse_error_event(exc.message, error_type(exc)) + DONE)
+                await self._end(send, answer.failure(exc.message, error_type(exc)))
             return
 
         # The route's whole-request budget counts from when the answering attempt was sent.
-        deadline = (timing.upstream_sent or time.perf_counter()) + self.proxy.timeout(route)
+        deadline = (record.upstream_sent or time.perf_counter()) + self.proxy.timeout(route)
         try:
             await self._start(send)
             async with asyncio.timeout(deadline - time.perf_counter()):
@@ -203,24 +211,24 @@ class StreamRelay:
                             await _close_iterator(iterator)  # nothing after [DONE] is read
                             break
         except TimeoutError:
-            timing.status = "timeout"
-            tail = self._failed(sse_error_event("upstream timed out mid-stream", "timeout_error"))
+            record.status = "timeout"
+            tail = self._failed("upstream timed out mid-stream", "timeout_error")
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:  # noqa: BLE001  # any break mid-stream ends it with an error event
             log.warning(
                 "request %s: stream from route %s failed: %s",
                 plan.request_id,
-                timing.route,
+                record.route,
                 type(exc).__name__,
             )
-            timing.status = "upstream_error"
+            record.status = "upstream_error"
             message = (
                 exc.message
                 if isinstance(exc, UpstreamError)
-                else (f"upstream stream from route {timing.route!r} failed ({type(exc).__name__})")
+                else (f"upstream stream from route {record.route!r} failed ({type(exc).__name__})")
             )
-            tail = self._failed(sse_error_event(message))
+            tail = self._failed(message)
         else:
             tail = self._ending()
         finally:
@@ -230,66 +238,59 @@ class StreamRelay:
     async def _end(self, send: Send, tail: bytes) -> None:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    def _failed(self, error_event: bytes) -> bytes:
-        """What a failure adds to the stream: an error event and [DONE], unless [DONE] is out."""
-        return b"" if self.saw_done else error_event + DONE
+    def _failed(self, message: str, type: str = "upstream_error") -> bytes:
+        """What a failure adds to the stream: an error event and the end, unless the end is
+        out."""
+        return b"" if self.saw_done else self.answer.failure(message, type)
 
     def _ending(self) -> bytes:
-        """What the upstream's stream lacked at its end: a [DONE], and an error event before
-        it when the answer did not finish (the upstream closed mid-answer) or was malformed."""
+        """What the upstream's stream lacked at its end: its end marker, and an error event
+        before it when the answer did not finish (the upstream closed mid-answer) or was
+        malformed."""
         if self.saw_done:
             return b""
+        route = self.record.route
         if self.saw_malformed:
-            self.timing.status = "upstream_error"
-            return (
-                sse_error_event(
-                    f"upstream stream from route {self.timing.route!r} sent a malformed event"
-                )
-                + DONE
+            self.record.status = "upstream_error"
+            return self.answer.failure(
+                f"upstream stream from route {route!r} sent a malformed event", "upstream_error"
             )
         if not (self.saw_finish or self.saw_error):
-            self.timing.status = "upstream_error"
-            return (
-                sse_error_event(
-                    f"upstream stream from route {self.timing.route!r} ended before it finished"
-                )
-                + DONE
+            self.record.status = "upstream_error"
+            return self.answer.failure(
+                f"upstream stream from route {route!r} ended before it finished", "upstream_error"
             )
-        return DONE
+        return self.answer.done()
 
     async def _forward(self, send: Send, batch: list[OutEvent]) -> bool:
-        """Write a batch of events at once; read them for telemetry after the write, except
-        an event that may be the usage chunk the client did not ask for. True when the stream
-        is over: [DONE] went out, or an event turned out malformed."""
-        timing = self.timing
+        """Write a batch of events at once, in the client's API; read them for telemetry after
+        the write (a chat stream's events are parsed only then, except one that may be the
+        usage chunk the client did not ask for). True when the stream is over: its end went
+        out, or an event turned out malformed."""
+        record = self.record
         arrived = time.perf_counter()
-        keep_usage = self.plan.client_wants_usage
-        parts = []
-        for event in batch:
-            if not keep_usage and event.is_usage_only():
-                continue
-            parts.append(event.raw)
-        if parts:
-            await self._write(send, parts[0] if len(parts) == 1 else b"".join(parts))
+        data = self.answer.events(batch, self.plan.client_wants_usage)
+        if data:
+            await self._write(send, data)
         written = time.perf_counter()
         content = over = False
         for event in batch:
             event.resolve()
             if event.usage is not None:
-                timing.usage = event.usage
+                record.usage = event.usage
             if event.content:
                 content = True
             if event.finish:  # may come with the last content
                 self.saw_finish = True
             elif event.error:
-                timing.status = "upstream_error"
+                record.status = "upstream_error"
                 self.saw_error = True
             elif event.done:
                 self.saw_done = over = True
             elif event.malformed:
                 self.saw_malformed = over = True
         if content:
-            timing.content_arrived(arrived, written)
+            record.content_arrived(arrived, written)
         return over
 
 

@@ -1,17 +1,45 @@
-"""What one request measured, turned into a telemetry event at its end."""
+"""The one record of a request: what it measured on the way, recorded once at its end.
+
+Every door and route kind (plain, replicated, pd; chat, completions, Responses, Messages,
+native or translated) fills a `RequestRecord` and ends it through `finish`, so TTFT, usage and
+the status class are measured one way and reach telemetry exactly once.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-# A token count above this is not a count (and would overflow a Redis counter in time).
-MAX_TOKEN_COUNT = 1 << 40
+from gateway.telemetry.event import RequestEvent
+from gateway.telemetry.usage import MAX_TOKEN_COUNT, token_count
+
+if TYPE_CHECKING:
+    from gateway.telemetry.telemetry import Telemetry
+
+log = logging.getLogger("firsttoken.telemetry")
+
+__all__ = ["MAX_TOKEN_COUNT", "RequestRecord", "status_class", "token_count"]
 
 
-@dataclass(slots=True)
-class RequestTiming:
+def status_class(status: int) -> str:
+    """The one classification of how a request ended, from the HTTP status its client got (or
+    would have got): 499 the client left, 504 the gateway's own timeout (an upstream's 504
+    reaches the client as a 502), other 4xx but 429 the client's error, the rest upstream's."""
+    if 200 <= status < 300:
+        return "ok"
+    if status == 499:
+        return "client_gone"
+    if status == 504:
+        return "timeout"
+    if 400 <= status < 500 and status != 429:
+        return "client_error"
+    return "upstream_error"
+
+
+@dataclass(slots=True, eq=False)
+class RequestRecord:
     tenant: str
     model: str
     stream: bool
@@ -29,6 +57,9 @@ class RequestTiming:
     content_events: int = 0
     usage: dict | None = None
     prompt_tokens_saved: int = 0
+    request_id: str = ""
+    telemetry: Telemetry | None = field(default=None, repr=False)
+    finished: bool = False
 
     def content_arrived(self, arrived: float, written: float) -> None:
         """A batch with content came from upstream at `arrived` and reached the client's
@@ -39,9 +70,27 @@ class RequestTiming:
         self.last_content_out = written
         self.content_events += 1
 
-    def to_event(self):
-        from gateway.telemetry import RequestEvent
+    def ended_with(self, status: int) -> None:
+        """The client got (or would have got) `status`; a failure already noted stands."""
+        if self.status == "ok":
+            self.status = status_class(status)
 
+    def finish(self) -> None:
+        """Record the request, once. Telemetry never fails a request: whatever goes wrong in it
+        is logged (by type: the data came from an upstream), the response stands."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.telemetry is None:
+            return
+        try:
+            self.telemetry.record(self.to_event())
+        except Exception as exc:  # noqa: BLE001  # telemetry must never fail the response
+            log.warning(
+                "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
+            )
+
+    def to_event(self) -> RequestEvent:
         end = time.perf_counter()
         usage = self.usage if isinstance(self.usage, dict) else {}
         details = usage.get("prompt_tokens_details")
@@ -75,11 +124,3 @@ class RequestTiming:
             api=self.api,
             ts=self.wall_arrival,
         )
-
-
-def token_count(value: Any) -> int:
-    """A usage field from upstream, which is untrusted: anything but a non-negative integer
-    (a string, a float, a negative or absurd number, nested junk) counts as 0, alone."""
-    if type(value) is int and 0 <= value <= MAX_TOKEN_COUNT:
-        return value
-    return 0

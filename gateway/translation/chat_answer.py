@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.telemetry.record import token_count
+from gateway.telemetry.usage import token_count
 
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -15,7 +15,6 @@ import aiohttp
 import orjson
 
 from gateway.config.routes import Route
-from gateway.errors import sse_error_event
 from gateway.paths import PassPath
 from gateway.sse import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -39,7 +38,6 @@ from gateway.upstreams.base import (
     ModelCard,
     OutEvent,
     UpstreamError,
-    chunk_has_content,
     client_error,
     encode_body,
     event_too_large,
@@ -215,35 +213,20 @@ class AnthropicEventStream:
             try:
                 chunks = translator.feed(name if isinstance(name, str) else "", data)
             except AnthropicStreamError as exc:  # e.g. overloaded_error mid-answer
-                out.append(OutEvent(encode_data(exc.to_openai()), error=True))
+                payload = exc.to_openai()
+                out.append(OutEvent(encode_data(payload), error=True, chunk=payload))
                 return out, True
             except (AttributeError, TypeError, ValueError, KeyError):
                 out.append(self._error(f"the upstream sent a malformed {str(name)[:40]!r} event"))
                 return out, True
-            for c in chunks:
-                usage = c.get("usage")
-                choices = c.get("choices")
-                finish = (
-                    isinstance(choices, list)
-                    and bool(choices)
-                    and (choices[0]["finish_reason"] is not None)
-                )
-                out.append(
-                    OutEvent(
-                        encode_data(c),
-                        content=chunk_has_content(c),
-                        usage=usage,
-                        usage_only=usage is not None and not choices,
-                        finish=finish,
-                    )
-                )
+            out.extend(OutEvent.of_chunk(c) for c in chunks)
             if name == "message_stop":
                 out.append(OutEvent(DONE, done=True))
                 return out, True
         return out, False
 
     def _error(self, message: str) -> OutEvent:
-        return OutEvent(sse_error_event(f"route {self._route!r}: {message}"), error=True)
+        return OutEvent.failure(f"route {self._route!r}: {message}")
 
     async def aclose(self) -> None:
         if not self._resp.closed:

@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.boundary.request_id import REQUEST_ID_HEADER
 from gateway.config.routes import Route
 from gateway.errors import error_body
-from gateway.sse import DONE_DATA
+from gateway.sse import DONE_DATA, encode_data
 
 if TYPE_CHECKING:
     import aiohttp
 
     from gateway.paths import PassPath
+
+
+# The header that names a request, the upstream's or the gateway's own.
+REQUEST_ID_HEADER = b"x-request-id"
 
 
 @dataclass(slots=True)
@@ -36,6 +39,34 @@ class OutEvent:
     malformed: bool = False  # the payload is not a JSON object: the stream cannot go on
     data: bytes | None = None  # the `data:` payload, while the fields above are not yet read
     resolved: bool = True
+    chunk: dict | None = None  # the payload as a JSON object, once read (or as built)
+
+    @classmethod
+    def failure(cls, message: str, type: str = "upstream_error") -> OutEvent:
+        """An in-stream error event; its payload is kept so that a door translating the
+        stream into another API reads the message without parsing bytes again."""
+        payload = error_body(message, type)
+        return cls(encode_data(payload), error=True, chunk=payload)
+
+    @classmethod
+    def of_chunk(cls, chunk: dict) -> OutEvent:
+        """An event the gateway built from a chat chunk (a translated or local upstream)."""
+        usage = usage_from_chunk(chunk)
+        choices = chunk.get("choices")
+        return cls(
+            encode_data(chunk),
+            content=chunk_has_content(chunk),
+            usage=usage,
+            usage_only=usage is not None and not choices,
+            finish=chunk_finishes(chunk),
+            chunk=chunk,
+        )
+
+    def payload(self) -> dict | None:
+        """The event's JSON object (None for `[DONE]`, a keepalive or a malformed event)."""
+        if self.chunk is None and not self.resolved:
+            self.resolve()
+        return self.chunk
 
     @classmethod
     def unread(cls, raw: bytes, data: bytes | None) -> OutEvent:
@@ -74,6 +105,7 @@ class OutEvent:
         if not isinstance(chunk, dict):
             self.malformed = True
             return self
+        self.chunk = chunk
         if "error" in chunk and "choices" not in chunk:
             self.error = True
             return self

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.config.routes import Route
-from gateway.errors import sse_error_event
-from gateway.sse import DONE, encode_data
+from gateway.sse import DONE
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -23,7 +22,6 @@ from gateway.upstreams.base import (
     OutEvent,
     UpstreamBody,
     UpstreamError,
-    chunk_has_content,
     client_error,
     no_forward,
 )
@@ -166,17 +164,17 @@ class LocalEventStream:
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         if self._first is not None:
-            yield [_event(self._first)]
+            yield [OutEvent.of_chunk(self._first)]
             self._first = None
         try:
             async for chunk in self._chunks:
-                yield [_event(chunk)]
+                yield [OutEvent.of_chunk(chunk)]
         except Exception as exc:  # noqa: BLE001 -- output has started: report in-stream
             log.warning(
                 "route %s: stream failed in the engine: %s", self._route, type(exc).__name__
             )
             message = f"local engine {self._route!r} failed on this request ({_reason(exc)})"
-            yield [OutEvent(sse_error_event(message), error=True), OutEvent(DONE, done=True)]
+            yield [OutEvent.failure(message), OutEvent(DONE, done=True)]
             return
         yield [OutEvent(DONE, done=True)]
 
@@ -194,13 +192,3 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, EngineClosedError):
         return "the engine stopped"
     return type(exc).__name__
-
-
-def _event(chunk: dict) -> OutEvent:
-    usage = chunk.get("usage")
-    return OutEvent(
-        encode_data(chunk),
-        content=chunk_has_content(chunk),
-        usage=usage,
-        usage_only=usage is not None and not chunk.get("choices"),
-    )

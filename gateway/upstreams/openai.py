@@ -13,7 +13,6 @@ from typing import Any
 import aiohttp
 
 from gateway.config.routes import Route
-from gateway.errors import sse_error_event
 from gateway.paths import PassPath
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES, DONE_DATA, EventTooLarge, SSEEvent, SSEParser
 from gateway.upstreams.base import (
@@ -126,12 +125,7 @@ class OpenAIEventStream:
                     return out
                 if not stripped.startswith(b"{"):
                     out.append(
-                        OutEvent(
-                            sse_error_event(
-                                f"upstream {self._route!r} sent an event that is not JSON"
-                            ),
-                            error=True,
-                        )
+                        OutEvent.failure(f"upstream {self._route!r} sent an event that is not JSON")
                     )
                     return out
             out.append(OutEvent.unread(e.raw, data))

@@ -20,11 +20,14 @@ from gateway.advisor import (
     observe_cache_advice,
     tenant_advice,
 )
+from gateway.boundary.admit import Admission
 from gateway.boundary.auth import KeyRing
+from gateway.config.routes import RouteTable
 from gateway.config.settings import load_settings
 from gateway.ops.advice import advice_endpoints
 from gateway.telemetry.store import ADVICE_FAMILIES_PER_TENANT, MemoryStore
 from gateway.telemetry.telemetry import Telemetry
+from gateway.upstreams.registry import Upstreams
 from policies import DEFAULT_POLICIES, PolicyContext, build_chain
 
 
@@ -149,11 +152,10 @@ async def test_a_failing_advisor_never_fails_the_report(monkeypatch):
     assert advisor.failed == 1 and advisor.evaluated == 0
 
 
-class _Gateway:
-    def __init__(self, telemetry: Telemetry, keys: KeyRing) -> None:
-        self.telemetry = telemetry
-        self.keys = keys
-        self.settings = load_settings(environ={})
+def _advice_routes(telemetry: Telemetry, keys: KeyRing) -> list:
+    settings = load_settings(environ={})
+    admission = Admission(settings, keys, Upstreams(RouteTable([]), settings))
+    return advice_endpoints(admission, telemetry, settings.policy_options)
 
 
 def _digest(key: str) -> bytes:
@@ -169,7 +171,7 @@ def test_endpoint_shows_a_tenant_only_its_own_families():
 
     asyncio.run(record())
     keys = KeyRing({_digest("ka"): "alice", _digest("kb"): "bob"}, frozenset({_digest("adm")}))
-    app = Starlette(routes=advice_endpoints(_Gateway(telemetry, keys)))
+    app = Starlette(routes=_advice_routes(telemetry, keys))
     with TestClient(app) as client:
         url = "/v1/metrics/cache-advice"
         alice = client.get(url, headers={"authorization": "Bearer ka"})

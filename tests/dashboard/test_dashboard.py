@@ -149,7 +149,7 @@ def record(gw, events: list[RequestEvent]) -> None:
 
     def on_loop() -> None:
         for event in events:
-            gw.gateway.telemetry.record(event)
+            gw.runtime.telemetry.record(event)
         done.set()
 
     gw.server.servers[0].get_loop().call_soon_threadsafe(on_loop)

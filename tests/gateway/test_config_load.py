@@ -1,5 +1,5 @@
 """One door for configuration: `load_settings` reads the environment once, into typed values,
-and warns about what it cannot use; `Gateway(settings)` needs nothing else."""
+and warns about what it cannot use; `Runtime(settings)` needs nothing else."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config.routes import Route
 from gateway.config.settings import Settings, SettingsError, load_settings
-from gateway.runtime import Gateway
+from gateway.runtime import Runtime
 from gateway.upstreams.build import build_upstream
 from policies import PolicyOptions
 
@@ -204,22 +204,22 @@ def test_the_engine_token_budget_is_the_engines_own_unless_set():
 
 
 def test_the_gateway_and_the_app_take_settings_only():
-    assert list(inspect.signature(Gateway).parameters) == ["settings"]
+    assert list(inspect.signature(Runtime).parameters) == ["settings"]
     assert list(inspect.signature(create_app).parameters) == ["settings"]
     assert list(inspect.signature(build_upstream).parameters) == ["route", "settings"]
     settings = load_settings(
         environ={"UP_KEY": KEY, "FIRSTTOKEN_SLIM_MINIFY_JSON": "true"},
         routes=routes_json(route(api_key_env="UP_KEY")),
     )
-    gateway = Gateway(settings)
-    assert gateway.upstreams["up"].route.name == "up"
-    assert gateway.policies.default_names == settings.policies
+    runtime = Runtime(settings)
+    assert runtime.upstreams["up"].route.name == "up"
+    assert runtime.policies.default_names == settings.policies
 
 
 def test_a_route_with_an_unknown_policy_stops_the_start_naming_the_route():
     settings = Settings(routes=routes_json(route(policies=["slim", "teleport"])))
     with pytest.raises(SettingsError) as err:
-        Gateway(settings)
+        Runtime(settings)
     assert str(err.value).startswith("FIRSTTOKEN_ROUTES: route 'up' policies:")
     assert "teleport" in str(err.value)
 

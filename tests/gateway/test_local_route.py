@@ -131,7 +131,7 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
 def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway):
     gw = make_gateway([local_route(tiny_model)])
     gw.wait_ready()
-    llm = gw.gateway.upstreams["engine"].local_engine.llm
+    llm = gw.runtime.upstreams["engine"].local_engine.llm
     body = {
         "model": "tiny",
         "stream": True,

@@ -17,4 +17,4 @@ def chat(
 
 
 def router(gw):
-    return gw.gateway.upstreams["pd"]
+    return gw.runtime.upstreams["pd"]

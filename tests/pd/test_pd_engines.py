@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from bench.harness import ROOT, free_port, wait_http
-from engine_backend import disaggregate
 from engine_backend.server import build_parser
 from engine_backend.server import main as engine_main
+from gateway.run import disaggregate
 from tests.support.tiny_model import tiny_spec, write_tiny_model
 
 BLOCK = 4
@@ -164,7 +164,7 @@ def test_the_pd_route_over_real_engines_answers_as_a_colocated_engine(engines, m
         assert ask(client, path, body)[0] == colocated(prefill, path, body), (path, body)
     pulled = decode.status()["pulls"]
     assert pulled["ok"] >= len(cases) - 1 and pulled["failed"] == pulled["refused"] == 0
-    assert gw.gateway.upstreams["pd"].snapshot()["pd"]["colocated_fallbacks"] == 0
+    assert gw.runtime.upstreams["pd"].snapshot()["pd"]["colocated_fallbacks"] == 0
 
     # The next turn of a conversation: its earlier turn's KV is in the decode engine's cache.
     turn1 = chat_body(question, ignore_eos=True)
@@ -191,7 +191,7 @@ def test_a_killed_prefill_engine_leaves_requests_to_the_decode_engine(engines, m
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         assert ask(client, "/v1/chat/completions", body)[0] == expected
         assert ask(client, "/v1/chat/completions", {**body, "stream": True})[0] == expected
-    reasons = gw.gateway.upstreams["pd"].snapshot()["pd"]["colocated_by_reason"]
+    reasons = gw.runtime.upstreams["pd"].snapshot()["pd"]["colocated_by_reason"]
     assert reasons["prefill_error"] >= 1 and sum(reasons.values()) == 2
     assert_pools_full(decode)
 

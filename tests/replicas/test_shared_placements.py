@@ -31,14 +31,14 @@ def test_a_placement_on_one_gateway_reaches_the_other(servers, key_prefix, redis
     blocks = prefix_blocks(prompt_text({"messages": messages}), "default")
     used = [
         name
-        for name, member in one.gateway.fleets["fleet"].members.items()
+        for name, member in one.runtime.fleets["fleet"].members.items()
         if member.state.index.matched(blocks) == len(blocks)
     ]
     assert len(used) == 1
-    learned = two.gateway.fleets["fleet"].members[used[0]].state.index
+    learned = two.runtime.fleets["fleet"].members[used[0]].state.index
     assert eventually(lambda: learned.matched(blocks) == len(blocks), 5.0)
-    assert two.gateway.placements.applied >= 1
-    others = [m for n, m in two.gateway.fleets["fleet"].members.items() if n != used[0]]
+    assert two.runtime.placements.applied >= 1
+    others = [m for n, m in two.runtime.fleets["fleet"].members.items() if n != used[0]]
     assert all(m.state.index.matched(blocks) == 0 for m in others)
 
 

@@ -36,10 +36,10 @@ def big_gateway(mock_upstream, make_gateway, tenant_settings):
 def test_a_big_body_gets_the_same_policies_and_answer(big_gateway, mock_upstream):
     gw = big_gateway
     client = sdk_client(gw, TENANT_A_KEY, timeout=60)
-    jobs = gw.gateway.offload.jobs
+    jobs = gw.runtime.offload.jobs
     whole = client.chat.completions.with_raw_response.create(**chat())
     chunks = list(client.chat.completions.create(**chat("again"), stream=True))
-    assert gw.gateway.offload.jobs >= jobs + 2  # both went to a worker process
+    assert gw.runtime.offload.jobs >= jobs + 2  # both went to a worker process
     assert whole.headers["x-firsttoken-policies"] == "slim,canonicalize,cache_hints"
     assert int(whole.headers["x-firsttoken-prompt-tokens-saved"]) >= 1
     assert whole.parse().choices[0].message.content

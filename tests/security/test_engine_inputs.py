@@ -85,7 +85,7 @@ def gateway(make_gateway, tenant_settings, tiny_model):
 
 
 def local_engine(gw) -> LocalEngine:
-    return gw.gateway.upstreams["engine"].local_engine
+    return gw.runtime.upstreams["engine"].local_engine
 
 
 def count_submissions(engine: LocalEngine) -> list[dict]:
@@ -252,7 +252,7 @@ def usage(gw, key: str, content: str):
 def test_tenant_mode_isolates_the_prefix_cache_by_default(gateway) -> None:
     """Without FIRSTTOKEN_ENGINE_ISOLATE_TENANTS, tenant B sending tenant A's exact prompt
     learns nothing from cached_tokens; each tenant still hits its own cache."""
-    assert gateway.gateway.settings.engine_isolate_tenants is None
+    assert gateway.runtime.settings.engine_isolate_tenants is None
     assert usage(gateway, TENANT_A_KEY, LONG) == 0
     assert usage(gateway, TENANT_B_KEY, LONG) == 0
     assert usage(gateway, TENANT_A_KEY, LONG) >= 64

@@ -60,7 +60,7 @@ def test_big_bodies_get_the_same_policies_off_the_loop(
     }
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         big = client.post("/v1/chat/completions", json=body, headers=auth(TENANT_A_KEY))
-        jobs_after_big = gw.gateway.offload.jobs
+        jobs_after_big = gw.runtime.offload.jobs
         small = client.post(
             "/v1/chat/completions",
             headers=auth(TENANT_A_KEY),
@@ -70,7 +70,7 @@ def test_big_bodies_get_the_same_policies_off_the_loop(
             },
         )
     assert big.status_code == small.status_code == 200
-    assert jobs_after_big >= 1 and gw.gateway.offload.jobs == jobs_after_big  # only the big one
+    assert jobs_after_big >= 1 and gw.runtime.offload.jobs == jobs_after_big  # only the big one
     assert big.headers["x-firsttoken-policies"] == small.headers["x-firsttoken-policies"]
     assert int(big.headers["x-firsttoken-prompt-tokens-saved"]) >= 1
     sent = [r["body"] for r in mock_upstream.mock.requests]

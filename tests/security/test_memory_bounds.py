@@ -61,7 +61,7 @@ def test_unique_huge_cache_keys_do_not_pile_up_in_diagnostics(
                 },
             )
             assert r.status_code == 200
-    telemetry = gw.gateway.telemetry
+    telemetry = gw.runtime.telemetry
     families = [family for (_, family) in telemetry.writer._blobs]
     families += [family for shelf in telemetry.store._blobs._tenants.values() for family in shelf]
     assert len(families) >= 20 and all(len(f) <= MAX_CACHE_KEY_CHARS for f in families)

@@ -67,8 +67,8 @@ def test_planted_wrong_types_cost_only_themselves(
     admin = httpx.get(gw.url + "/v1/metrics/ttft?tenant=*", headers=auth(ADMIN_KEY), timeout=5)
     assert admin.status_code == 200
     assert [t["tenant"] for t in admin.json()["tenants"]] == ["acme"]
-    assert gw.gateway.telemetry.health()["state"] == "ok"
-    assert gw.gateway.telemetry.dropped == 0
+    assert gw.runtime.telemetry.health()["state"] == "ok"
+    assert gw.runtime.telemetry.dropped == 0
     planted.close()
 
 
@@ -83,12 +83,12 @@ def test_unreachable_redis_degrades_telemetry_while_requests_flow(
         **tenant_settings,
     )
     _chat(gw, TENANT_A_KEY, 2)
-    assert gw.gateway.telemetry.health()["state"] == "ok"
+    assert gw.runtime.telemetry.health()["state"] == "ok"
     private_redis.kill()
     _chat(gw, TENANT_A_KEY, 3)  # requests keep flowing
     deadline = time.monotonic() + 5
-    while gw.gateway.telemetry.health()["state"] != "degraded":
-        assert time.monotonic() < deadline, gw.gateway.telemetry.health()
+    while gw.runtime.telemetry.health()["state"] != "degraded":
+        assert time.monotonic() < deadline, gw.runtime.telemetry.health()
         time.sleep(0.05)
     ready = httpx.get(gw.url + "/readyz")  # what an operator sees: ready, telemetry degraded
     assert ready.status_code == 200 and ready.json()["ready"] is True
@@ -96,6 +96,6 @@ def test_unreachable_redis_degrades_telemetry_while_requests_flow(
     assert ready.json()["telemetry"]["store"] == "redis"
     private_redis.start()
     deadline = time.monotonic() + 10
-    while gw.gateway.telemetry.health()["state"] != "ok":
-        assert time.monotonic() < deadline, gw.gateway.telemetry.health()
+    while gw.runtime.telemetry.health()["state"] != "ok":
+        assert time.monotonic() < deadline, gw.runtime.telemetry.health()
         time.sleep(0.05)

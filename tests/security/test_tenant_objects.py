@@ -55,7 +55,7 @@ def test_files_belong_to_the_tenant_that_uploaded_them(store_settings, mock_upst
     a, b = sdk_client(gw, TENANT_A_KEY), sdk_client(gw, TENANT_B_KEY)
     fa = a.files.create(file=("a.jsonl", b'{"secret": "acme"}\n'), purpose="batch")
     fb = b.files.create(file=("b.jsonl", b'{"x": 1}\n'), purpose="batch")
-    records = gw.gateway.objects.records
+    records = gw.runtime.objects.records
     if "redis_url" in store_settings:
         with redis.Redis.from_url(store_settings["redis_url"]) as client:
             assert client.get(records.key("acme", fa.id)) == b"mock"
@@ -163,7 +163,7 @@ def test_an_unreachable_ownership_store_fails_object_requests_closed(
 
 def test_open_mode_records_and_checks_nothing(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
-    assert not gw.gateway.objects.enabled
+    assert not gw.runtime.objects.enabled
     one, other = sdk_client(gw, "key-1"), sdk_client(gw, "key-2")
     created = one.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
     assert other.files.retrieve(created.id).id == created.id

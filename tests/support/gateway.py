@@ -11,8 +11,12 @@ import uvicorn
 from bench.harness import free_port
 from bench.mock_openai import ThreadedServer
 from gateway.app import create_app
-from gateway.config.settings import Settings
+from gateway.boundary.admit import Admission
+from gateway.boundary.auth import KeyRing
+from gateway.config.routes import RouteTable
+from gateway.config.settings import Settings, load_settings
 from gateway.run.server import server_config
+from gateway.upstreams.registry import Upstreams
 
 UPSTREAM_KEY_ENV = "MOCK_KEY"
 """The variable `openai_route` names for the upstream key; `make_gateway` sets it."""
@@ -52,8 +56,8 @@ class GatewayThread:
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
-    def gateway(self):
-        return self.app.state.gateway
+    def runtime(self):
+        return self.app.state.runtime
 
     @property
     def url(self) -> str:
@@ -70,7 +74,7 @@ class GatewayThread:
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
-        while not self.gateway.ready():
+        while not self.runtime.ready():
             if time.monotonic() > deadline:
                 raise RuntimeError("gateway not ready")
             time.sleep(0.02)
@@ -82,7 +86,7 @@ class GatewayThread:
 
 def capture_events(gw: GatewayThread) -> list:
     """Every telemetry event `gw` records from now on, in order (they are still recorded)."""
-    telemetry = gw.gateway.telemetry
+    telemetry = gw.runtime.telemetry
     original = telemetry.record
     events: list = []
 
@@ -103,3 +107,9 @@ def wait_for(events: list, count: int = 1, timeout: float = 5.0, **fields: Any) 
             assert len(found) >= count, f"fewer than {count} events with {fields}: {events}"
             return found
         time.sleep(0.02)
+
+
+def admission_for(keys: KeyRing) -> Admission:
+    """An `Admission` with `keys` and no route, for endpoints tested without a gateway."""
+    settings = load_settings(environ={})
+    return Admission(settings, keys, Upstreams(RouteTable([]), settings))

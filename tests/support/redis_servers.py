@@ -8,6 +8,8 @@ import time
 
 import redis
 
+from bench.harness import free_port
+
 SHARED_REDIS_URL = "redis://127.0.0.1:6379/13"
 """The shared server's database for tests; each test keeps to a key prefix of its own."""
 
@@ -45,6 +47,7 @@ class PrivateRedis:
         self.port = port
         self.password = password
         self.proc: subprocess.Popen | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
@@ -56,8 +59,21 @@ class PrivateRedis:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        """Start the server and wait until it answers. A first start whose port was taken in
+        the meantime (another process bound it after `free_port` chose it) moves to a fresh
+        port; a restart keeps its port, which is the point of restarting."""
         if self.running:
             raise RuntimeError("private redis-server is already running")
+        for _ in range(3 if not self.started_once else 1):
+            if self._start_once():
+                self.started_once = True
+                return
+            if self.started_once:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"private redis-server did not start on port {self.port}")
+
+    def _start_once(self) -> bool:
         self.proc = subprocess.Popen(
             redis_server_command(
                 self.port, *(["--requirepass", self.password] if self.password else [])
@@ -65,18 +81,20 @@ class PrivateRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 5
+        # Generous: a loaded machine may take seconds to start a process; a server that
+        # exits (its port taken) ends the wait at once.
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.running:
             try:
                 with redis.Redis(
                     port=self.port, password=self.password, socket_connect_timeout=0.2
                 ) as client:
                     if client.ping():
-                        return
+                        return True
             except redis.exceptions.RedisError:
                 time.sleep(0.02)
         self.kill()
-        raise RuntimeError(f"private redis-server did not start on port {self.port}")
+        return False
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

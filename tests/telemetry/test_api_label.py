@@ -8,21 +8,22 @@ import io
 import json
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.boundary.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.boundary.auth import KeyRing
+from gateway.config.keys import parse_admin_keys, parse_tenant_keys
 from gateway.ops.metrics import metrics_endpoints
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.aggregate import fold_event
 from gateway.telemetry.cli import metrics_main
 from gateway.telemetry.event import APIS
 from gateway.telemetry.keys import KeySpace
-from gateway.telemetry.record import RequestTiming
+from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.report import SloConfig, tenant_report
+from tests.support.gateway import admission_for
 from tests.telemetry.prometheus_quantile import samples
 from tests.telemetry.telemetry_events import aggregate_events, make_telemetry
 
@@ -98,7 +99,7 @@ async def telemetry(request) -> AsyncIterator[Telemetry]:
 
 
 def test_timing_hands_its_api_to_the_event() -> None:
-    timing = RequestTiming(tenant="acme", model="m", stream=True)
+    timing = RequestRecord(tenant="acme", model="m", stream=True)
     assert timing.to_event().api == "chat"
     timing.api = "responses"
     assert timing.to_event().api == "responses"
@@ -266,12 +267,8 @@ KEYS = "acme:key-a,globex:key-b"
 async def endpoint() -> AsyncIterator[httpx.AsyncClient]:
     telemetry = make_telemetry()
     await telemetry.store.write(aggregate_events(_events()), {})
-    gateway = SimpleNamespace(
-        keys=KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key")),
-        telemetry=telemetry,
-        fleets={},
-    )
-    app = Starlette(routes=metrics_endpoints(gateway))  # type: ignore[arg-type]  # the attributes it reads
+    keys = KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key"))
+    app = Starlette(routes=metrics_endpoints(admission_for(keys), telemetry, dict))
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway"
     ) as client:

@@ -10,7 +10,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,11 +17,12 @@ import pytest
 from starlette.applications import Starlette
 
 from bench.harness import free_port
-from gateway.boundary.auth import KeyRing, parse_admin_keys, parse_tenant_keys
+from gateway.boundary.auth import KeyRing
+from gateway.config.keys import parse_admin_keys, parse_tenant_keys
 from gateway.ops.metrics import metrics_endpoints
 from gateway.telemetry import RequestEvent, Telemetry
 from gateway.telemetry.keys import KeySpace
-from gateway.telemetry.record import RequestTiming
+from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.redis_store import RedisStore
 from gateway.telemetry.report import SloConfig, tenant_report
 from gateway.telemetry.series import (
@@ -34,7 +34,7 @@ from gateway.telemetry.series import (
 )
 from gateway.telemetry.store import MemoryStore
 from tests.support.clients import sdk_client
-from tests.support.gateway import openai_route
+from tests.support.gateway import admission_for, openai_route
 from tests.telemetry.telemetry_events import (
     aggregate_events,
     make_events,
@@ -226,7 +226,7 @@ async def test_bad_bounds_raise_for_direct_callers() -> None:
 
 
 def test_timing_hands_hedged_to_the_event() -> None:
-    timing = RequestTiming(tenant="acme", model="m", stream=True)
+    timing = RequestRecord(tenant="acme", model="m", stream=True)
     assert timing.to_event().hedged is False
     timing.hedged = True
     assert timing.to_event().hedged is True
@@ -404,10 +404,8 @@ class _DownStore(MemoryStore):
 
 
 async def _endpoint(telemetry: Telemetry) -> httpx.AsyncClient:
-    gateway = SimpleNamespace(
-        keys=KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key")), telemetry=telemetry
-    )
-    app = Starlette(routes=metrics_endpoints(gateway))  # type: ignore[arg-type]  # the two attributes it reads
+    keys = KeyRing(parse_tenant_keys(KEYS), parse_admin_keys("root-key"))
+    app = Starlette(routes=metrics_endpoints(admission_for(keys), telemetry, dict))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
 
 
