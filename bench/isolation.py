@@ -35,7 +35,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -48,6 +47,7 @@ from bench.harness import (
     HARNESS_CORE,
     ROOT,
     LoadResult,
+    drain_log,
     free_port,
     merge,
     pin_self,
@@ -248,16 +248,6 @@ def gateway_env(victim_upstream: str, attacker_upstream: str) -> dict[str, str]:
         "FIRSTTOKEN_TENANT_KEYS": f"victim:{VICTIM_KEY},attacker:{ATTACKER_KEY}",
         **limit_env(),
     }
-
-
-def drain_log(proc: subprocess.Popen, tail: collections.deque) -> None:
-    """Read the gateway's stderr so a chatty log can never block it; keep the last lines."""
-
-    def run() -> None:
-        for line in proc.stderr:
-            tail.append(line.decode(errors="replace").rstrip())
-
-    threading.Thread(target=run, daemon=True).start()
 
 
 def cpu_seconds(pid: int) -> float:
