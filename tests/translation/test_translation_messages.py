@@ -20,7 +20,7 @@ from gateway.translation.messages_chat import (
     chat_error_to_messages,
     messages_request_to_chat,
 )
-from tests.gateway.translation_helpers import (
+from tests.translation.translation_helpers import (
     JUNK_CHUNKS,
     chat_tool_call,
     chunk,

@@ -19,7 +19,7 @@ from gateway.translation.responses_chat import (
     chat_completion_to_response,
     responses_request_to_chat,
 )
-from tests.gateway.translation_helpers import (
+from tests.translation.translation_helpers import (
     JUNK_CHUNKS,
     USAGE,
     chat_tool_call,

@@ -12,12 +12,12 @@ import pytest
 
 from bench.mock_openai import ThreadedServer
 from gateway.upstreams.pd import PDTiming
-from tests.pd.clients import chat as pd_chat
-from tests.pd.clients import router
-from tests.pd.vllm_fake import ANSWER, FakeServer, Ledger, Script
 from tests.support.clients import sdk_client
 from tests.support.gateway import UPSTREAM_KEY_ENV
 from tests.support.waiting import eventually
+from tests.upstreams.pd.clients import chat as pd_chat
+from tests.upstreams.pd.clients import router
+from tests.upstreams.pd.vllm_fake import ANSWER, FakeServer, Ledger, Script
 
 SYSTEM = "You are a support agent for ACME. Answer briefly and politely. " * 12
 

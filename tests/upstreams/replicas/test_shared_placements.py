@@ -11,9 +11,9 @@ import pytest
 from bench.mock_openai import MockUpstream, ThreadedServer
 from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
 from gateway.upstreams.replicas.shared_index import SharedPlacements
-from tests.replicas.test_fleet_gateway import SYSTEM, fleet_route
 from tests.support.clients import sdk_client
 from tests.support.waiting import eventually
+from tests.upstreams.replicas.test_fleet_gateway import SYSTEM, fleet_route
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from tests.pd.vllm_fake import ANSWER, TOKENS, _chunk, _completion, _error, _sse
+from tests.upstreams.pd.vllm_fake import ANSWER, TOKENS, _chunk, _completion, _error, _sse
 
 FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 PEER_WAIT_S = 2.0  # how long one half of a room waits for the other to arrive

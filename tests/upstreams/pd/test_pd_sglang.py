@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.mock_openai import ThreadedServer
-from tests.pd.clients import chat, router
-from tests.pd.sglang_fake import ANSWER, FakeServer, Ledger
 from tests.support.clients import sdk_client
 from tests.support.gateway import UPSTREAM_KEY_ENV
 from tests.support.waiting import eventually
+from tests.upstreams.pd.clients import chat, router
+from tests.upstreams.pd.sglang_fake import ANSWER, FakeServer, Ledger
 
 
 class Pools:
