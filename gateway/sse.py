@@ -63,6 +63,15 @@ class SSEParser:
         self._cr = False  # the last chunk ended in `\r`: a leading `\n` belongs to it
         self._limit = max_event_bytes
 
+    @property
+    def holding(self) -> bool:
+        """Whether part of an event (or a line end split in two) waits for the next chunk."""
+        return bool(self._parts) or self._cr
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if self._cr or b"\r" in chunk:
             chunk = self._normalise(chunk)

@@ -206,6 +206,7 @@ class RouteTable:
         check_routes(routes)
         self.routes = list(routes)
         self.by_name = {r.name: r for r in routes}
+        self._chains = {r.name: tuple(_chain(r, self.by_name)) for r in routes}
         self._matched: dict[str, Route | None] = {}
         self._matched_bytes = 0
 
@@ -226,16 +227,21 @@ class RouteTable:
         return route
 
     def chain(self, route: Route) -> list[Route]:
-        """The route followed by its fallbacks, each once."""
-        seen, out = set(), []
-        for r in [route, *(self.by_name[f] for f in route.fallbacks)]:
-            if r.name not in seen:
-                seen.add(r.name)
-                out.append(r)
-        return out
+        """The route followed by its fallbacks, each once (worked out once, at start-up)."""
+        known = self._chains.get(route.name)
+        return list(known) if known is not None else _chain(route, self.by_name)
 
     def first_of_kind(self, kind: str) -> Route | None:
         return next((r for r in self.routes if r.kind == kind), None)
+
+
+def _chain(route: Route, by_name: dict[str, Route]) -> list[Route]:
+    seen, out = set(), []
+    for r in [route, *(by_name[f] for f in route.fallbacks)]:
+        if r.name not in seen:
+            seen.add(r.name)
+            out.append(r)
+    return out
 
 
 PROVIDER_DEFAULTS = (

@@ -94,6 +94,10 @@ class OpenAIEventStream:
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         parser = self._parser
         async for chunk in self._resp.content.iter_any():
+            if is_one_json_event(chunk) and not parser.holding and len(chunk) <= parser.limit:
+                # The usual read while a model streams: one whole event, one `data:` line.
+                yield [OutEvent.unread(chunk, chunk[6:-2])]
+                continue
             try:
                 events = parser.feed(chunk)
             except EventTooLarge as exc:
@@ -136,3 +140,14 @@ class OpenAIEventStream:
         # upstream must see the connection drop at once.
         if not self._resp.closed:
             self._resp.close()
+
+
+def is_one_json_event(chunk: bytes) -> bool:
+    """`chunk` is exactly one SSE event of a single `data: {...}` line (no other line, no CR):
+    what `SSEParser` would make of it is then known without parsing."""
+    return (
+        chunk[:7] == b"data: {"
+        and chunk[-2:] == b"\n\n"
+        and chunk.find(b"\n") == len(chunk) - 2
+        and b"\r" not in chunk
+    )
