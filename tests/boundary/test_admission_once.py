@@ -122,3 +122,27 @@ def test_a_native_messages_request_is_admitted_once(mock_upstream, make_gateway,
     )
     assert message.content
     once_each(calls)
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+def test_count_tokens_is_admitted_once_natively_and_translated(
+    mock_upstream, make_gateway, calls, kind
+):
+    route = anthropic_route(mock_upstream) if kind == "anthropic" else openai_route(mock_upstream)
+    route["models"] = ["*"]  # claude-x: natively to anthropic, translated to openai
+    gw = make_gateway([route], tenant_keys=KEYS)
+    calls.clear()
+    client = anthropic.Anthropic(base_url=gw.url, api_key="key-a", max_retries=0, timeout=20)
+    counted = client.messages.count_tokens(
+        model="claude-x", messages=[{"role": "user", "content": "Hello?"}]
+    )
+    assert counted.input_tokens > 0
+    once_each(calls)
+
+
+def test_a_passthrough_request_is_admitted_once(mock_upstream, make_gateway, calls):
+    gw = make_gateway([openai_route(mock_upstream)], tenant_keys=KEYS)
+    calls.clear()
+    embedding = sdk_client(gw, "key-a").embeddings.create(model="gpt-embed", input="hello")
+    assert embedding.data
+    once_each(calls)
