@@ -28,7 +28,7 @@ ACME_KEY, BRAVO_KEY, ADMIN_KEY = "sk-acme-dash-1", "sk-bravo-dash-1", "sk-root-d
 TENANT_KEYS = f"acme:{ACME_KEY},bravo:{BRAVO_KEY}"
 BRAVO_ROUTE = "bravo-private-route"
 SLO_MS = 250
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 WAIT_S = 20  # the longest any wait in the browser may take
 WIDTH = 1440  # a laptop screen
 
