@@ -96,7 +96,7 @@ class ChatPipeline:
         await self.objects.check_references(
             tenant, admitted.raw, body, self.preparation.offload if heavy else None
         )
-        bodies, primary = await self.preparation.chat(admitted, body, record)
+        bodies, primary = await self.preparation.chat(admitted, body)
         report = None
         if primary is not None:
             report = self.preparation.report(admitted, primary, record)

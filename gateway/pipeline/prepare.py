@@ -148,7 +148,7 @@ class Preparation:
         return self.runner.names_for(route, admitted.headers.get(POLICY_HEADER))
 
     async def chat(
-        self, admitted: AdmittedRequest, body: dict, record: RequestRecord
+        self, admitted: AdmittedRequest, body: dict
     ) -> tuple[PolicyBodies, PolicyResult | None]:
         """The chat or completions bodies of the chain, the first route's made now (on the
         heavy-work pool for a big body, so that its policy work does not hold the loop from
