@@ -186,7 +186,7 @@ class MessagesExchange:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = ClientWatch()
-        watch.start(receive)
+        watch.start(scope, receive)
         self.relay = MessagesRelay(
             send, self.record, self.request_id, self.route.name, self.settings, self.prepared
         )

@@ -190,7 +190,7 @@ class Exchange:
     def _watch_disconnect(self, receive: Receive) -> None:
         """From here on, a client that leaves cancels the exchange (closing the upstream)."""
         if self.watch is not None:
-            self.watch.start(receive)
+            self.watch.start(self.request.scope, receive)
 
     async def _upload(self, receive: Receive, limit: int) -> AsyncIterator[bytes]:
         """The client's body streamed to the upstream as it arrives, within `limit` bytes."""

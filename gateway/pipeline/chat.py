@@ -86,7 +86,8 @@ class ChatPipeline:
             plan = await self._prepare(admitted, body, record)
         if admitted.stream:
             return StreamRelay(self.proxy, plan, record, answer)
-        return await self.proxy.complete(plan, record, admitted.request.receive, answer)
+        request = admitted.request
+        return await self.proxy.complete(plan, record, request.scope, request.receive, answer)
 
     async def _prepare(
         self, admitted: AdmittedRequest, body: dict, record: RequestRecord

@@ -16,9 +16,9 @@ from typing import TypeVar
 
 import orjson
 from starlette.responses import Response
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
-from gateway.boundary.client_watch import wait_for_disconnect
+from gateway.boundary.client_watch import disconnect_waiter
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
 from gateway.errors import GatewayError
@@ -112,6 +112,7 @@ class Proxy:
         self,
         plan: PreparedRequest,
         record: RequestRecord,
+        scope: Scope,
         receive: Receive,
         answer: AnswerFormat = CHAT,
     ) -> Response:
@@ -133,7 +134,7 @@ class Proxy:
                 ) from None
 
         work = asyncio.ensure_future(self.attempt(plan, record, call))
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        watcher = disconnect_waiter(scope, receive)
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:

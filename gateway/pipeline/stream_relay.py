@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.boundary.client_watch import wait_for_disconnect
+from gateway.boundary.client_watch import disconnect_waiter
 from gateway.config.routes import Route
 from gateway.pipeline.answer import CHAT, AnswerFormat
 from gateway.pipeline.prepared import PreparedRequest
@@ -75,7 +75,7 @@ class StreamRelay:
         # The relay runs in this task (no extra hop before the upstream request goes out); a
         # watcher cancels it the moment the client disconnects, which closes the upstream.
         relay_task = asyncio.current_task()
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        watcher = disconnect_waiter(scope, receive)
         watcher.add_done_callback(lambda w: self._on_disconnect(w, relay_task))
         try:
             await self._relay(send)
@@ -271,7 +271,7 @@ class StreamRelay:
         arrived = time.perf_counter()
         data = self.answer.events(batch, self.plan.client_wants_usage)
         if data:
-            await self._write(send, data)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
         written = time.perf_counter()
         content = over = False
         for event in batch:

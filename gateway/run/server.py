@@ -23,6 +23,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.boundary.client_watch import DISCONNECT_EXTENSION
 from gateway.config.settings import Settings
 from gateway.errors import error_body
 
@@ -82,6 +83,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._fields = 0
         self._rejected = False
         self._deferred: tuple[int, str, str] | None = None
+        self._open: list[tuple[Any, asyncio.Future]] = []  # requests and their disconnect
 
     # bytes in -----------------------------------------------------------------------------
 
@@ -169,7 +171,24 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._heads_done += 1
+        # The request's disconnect, as a future (see gateway.boundary.client_watch).
+        gone = self.loop.create_future()
+        extensions: dict[str, dict[object, object]] = dict(self.scope.get("extensions") or {})
+        extensions[DISCONNECT_EXTENSION] = {"future": gone}
+        self.scope["extensions"] = extensions
         super().on_headers_complete()
+        self._open = [(c, f) for c, f in self._open if not c.response_complete]
+        if self.cycle is not None and self.cycle.scope is self.scope:
+            self._open.append((self.cycle, gone))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # Every request of this connection still being answered has lost its client (uvicorn
+        # tells only the newest of pipelined requests).
+        for cycle, gone in self._open:
+            if not cycle.response_complete and not gone.done():
+                gone.set_result(None)
+        self._open = []
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
