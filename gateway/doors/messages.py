@@ -44,6 +44,7 @@ from gateway.boundary.client_watch import ClientWatch
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
 from gateway.doors.messages_relay import MessagesRelay, error_body, send_error
+from gateway.doors.passthrough_relay import relay_answer
 from gateway.doors.translated import MessagesShape, TranslatedFormat, translate_request
 from gateway.errors import GatewayError
 from gateway.paths import PassPath, fixed_path
@@ -219,13 +220,8 @@ class MessagesExchange:
                     resp = await upstream.forward("POST", self.path, headers, data)
                 except UpstreamError as exc:
                     raise GatewayError(exc.status, exc.message) from None
-                try:
-                    await self.relay.answer(resp, stream)
-                finally:
-                    if resp.content.at_eof():
-                        resp.release()
-                    else:  # never back to the pool half-read; the upstream sees us leave
-                        resp.close()
+                relay = self.relay
+                await relay_answer(resp, lambda r: relay.answer(r, stream))
         except TimeoutError:
             raise GatewayError(
                 504, f"Upstream {route.name!r} did not answer within {timeout}s."

@@ -31,7 +31,7 @@ from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body
 from gateway.boundary.client_watch import ClientWatch
 from gateway.config.routes import Route, RouteTable
-from gateway.doors.passthrough_relay import AnswerObserver, Relay
+from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
 from gateway.errors import GatewayError
 from gateway.paths import PassPath, parse_target
 from gateway.upstreams.base import Upstream, UpstreamError
@@ -313,13 +313,7 @@ class Exchange:
                 raise self.upload_error from None
             raise GatewayError(exc.status, exc.message, code="upstream_unreachable") from None
         assert self.relay is not None
-        try:
-            return await self.relay.answer(resp)
-        finally:
-            if resp.content.at_eof():
-                resp.release()
-            else:  # never back to the pool half-read; the upstream sees us leave at once
-                resp.close()
+        return await relay_answer(resp, self.relay.answer)
 
 
 def _too_large(limit: int, variable: str) -> GatewayError:

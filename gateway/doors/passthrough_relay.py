@@ -13,7 +13,8 @@ sees them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -40,6 +41,23 @@ RESPONSE_HEADERS = frozenset(
 )
 RESPONSE_HEADER_PREFIXES = ("x-ratelimit-",)
 CREATED_EVENTS_SCANNED = 4  # a create's first event names what it created
+
+
+T = TypeVar("T")
+
+
+async def relay_answer(
+    resp: aiohttp.ClientResponse, answer: Callable[[aiohttp.ClientResponse], Awaitable[T]]
+) -> T:
+    """`answer(resp)`, then the connection back to the pool only if the body was read to its
+    end: never half-read, and the upstream sees a client that left at once (closed)."""
+    try:
+        return await answer(resp)
+    finally:
+        if resp.content.at_eof():
+            resp.release()
+        else:
+            resp.close()
 
 
 class AnswerObserver(Protocol):
