@@ -3,6 +3,7 @@ configuration."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anthropic
@@ -129,9 +130,29 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
 
 
 def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway):
+    """Once the client has its first token the engine is held between steps until the gateway
+    posts the abort, so whatever the machine's speed, the request is still running when the
+    client leaves; it must then stop within a step, not generate its 1,500 tokens for nobody."""
     gw = make_gateway([local_route(tiny_model)])
     gw.wait_ready()
-    llm = gw.runtime.upstreams["engine"].local_engine.llm
+    engine = gw.runtime.upstreams["engine"].local_engine
+    llm, thread = engine.llm, engine.thread
+    abort_posted = threading.Event()
+    seen_content = threading.Event()
+    steps_after_abort = []
+    real_step, real_abort = llm.step, thread.abort
+
+    def step():
+        if seen_content.is_set():
+            abort_posted.wait(30)  # hold generation until the gateway gives the request up
+            steps_after_abort.append(1)
+        return real_step()
+
+    def abort(request_id):
+        real_abort(request_id)
+        abort_posted.set()
+
+    llm.step, thread.abort = step, abort
     body = {
         "model": "tiny",
         "stream": True,
@@ -139,16 +160,24 @@ def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway)
         "ignore_eos": True,
         "messages": [{"role": "user", "content": LONG}],
     }
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
-        for line in r.iter_lines():
-            if '"content"' in line and '"content":""' not in line:
-                break
-        assert llm.has_unfinished()
-    deadline = time.monotonic() + 0.5  # generating the rest would take seconds
-    while llm.has_unfinished() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not llm.has_unfinished(), "the engine kept generating for a client that left"
-    assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+    try:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if '"content"' in line and '"content":""' not in line:
+                    seen_content.set()
+                    break
+            assert llm.has_unfinished()
+        assert abort_posted.wait(30), "the gateway never gave up the request of a client that left"
+        deadline = time.monotonic() + 30
+        while llm.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not llm.has_unfinished(), "the engine kept generating for a client that left"
+        # the step in flight when the abort came, and nothing after it
+        assert len(steps_after_abort) <= 2, len(steps_after_abort)
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+    finally:
+        llm.step, thread.abort = real_step, real_abort
+        abort_posted.set()
 
 
 def test_messages_and_responses_apis_on_the_local_route(tiny_model, make_gateway):
