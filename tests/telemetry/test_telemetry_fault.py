@@ -97,6 +97,7 @@ async def test_fingerprints_unreachable_redis_returns_none_fast(private_redis) -
     private_redis.kill()
     began = time.monotonic()
     assert await fresh.get_fingerprints("acme", "gpt", timeout_s=0.05) is None
-    assert time.monotonic() - began < 0.5
+    # bounded by its own timeout, not by the store's connect timeout (seconds): far from both
+    assert time.monotonic() - began < 2.0
     await fresh.aclose()
     await telemetry.aclose()
