@@ -62,13 +62,14 @@ async def test_hostile_names_cannot_touch_other_keys(
     }
     telemetry = make_telemetry(redis_url, metrics_key_prefix=key_prefix)
     keys = KeySpace(key_prefix)
-    telemetry.record(_event("victim", "openai", 0.2))
+    victim = _event("victim", "openai", 0.2)
+    telemetry.record(victim)
     telemetry.put_fingerprints("victim", "gpt", b"victim-blob")
     await telemetry.writer.drain()
     victim_keys = [
         k.encode()
         for k in (
-            keys.bucket("victim", "openai", int(time.time() // 60)),
+            keys.bucket("victim", "openai", int(victim.ts // 60)),  # its own minute
             keys.routes("victim"),
             keys.fingerprints("victim", "gpt"),
         )
