@@ -71,12 +71,13 @@ class ResponsesDoor:
         admitted = self.admission.begin(request, "responses")
         try:
             await self.admission.admit(admitted, parse_responses)
-            route = admitted.route
+            route, body = admitted.route, admitted.body
+            assert body is not None  # a Responses body is parsed here, never in a worker
             if route.kind != "openai":
                 translated = translate_request(
-                    responses_request_to_chat, admitted.body or {}, admitted.model, route
+                    responses_request_to_chat, body, admitted.model, route
                 )
-                shape = ResponsesShape(admitted.body or {}, admitted.model)
+                shape = ResponsesShape(body, admitted.model)
                 answer = TranslatedFormat(shape, translated.notes)
                 return await self.pipeline.serve(admitted, translated.body, answer)
             record = self.pipeline.record_for(admitted)
@@ -84,11 +85,8 @@ class ResponsesDoor:
             prepared = await self.preparation.native(admitted, record)
         except GatewayError as exc:
             return exc.to_response(admitted.request_id)
-        assert admitted.body is not None
         observer = ResponsesObserver(record, prepared)
-        return Exchange(
-            admitted, self.passthrough, ReadyBody(prepared.data, admitted.body, observer)
-        )
+        return Exchange(admitted, self.passthrough, ReadyBody(prepared.data, body, observer))
 
 
 def parse_responses(raw: bytes, settings: Settings) -> ParsedBody:

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from gateway.advisor import advisor_for, bucket_of, tenant_advice
 from gateway.boundary.admit import Admission
-from gateway.ops.metrics import asked_tenant, json_answer, tenant_to_read, window_param
+from gateway.ops.metrics import asked_tenant, json_answer, window_param
 from gateway.telemetry.store import ADVICE_BUCKET_S
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def advice_endpoints(
     async def cache_advice(request: Request) -> Response:
         async def read() -> dict:
             window = window_param(request)
-            tenant, _ = tenant_to_read(admission, request, asked_tenant(request), "cache advice")
+            tenant, _ = admission.reader(request, asked_tenant(request), "cache advice")
             if tenant != "*":
                 return await _tenant_answer(telemetry, tenant, window)
             tenants = await telemetry.known_tenants()

@@ -97,13 +97,6 @@ def _exposition(telemetry: Telemetry, gzipped: bool) -> tuple[bytes, str]:
     return (gzip.compress(body, compresslevel=5) if gzipped else body), content_type
 
 
-def tenant_to_read(
-    admission: Admission, request: Request, asked: str | None, what: str = "metrics"
-) -> tuple[str, bool]:
-    """(the tenant to read, whether the caller is an admin); see `Admission.reader`."""
-    return admission.reader(request, asked, what)
-
-
 async def json_answer(
     read: Callable[[], Awaitable[object]], what: str = "metrics store"
 ) -> Response:
@@ -134,7 +127,7 @@ def metrics_endpoints(
             window = window_param(request)
             asked = asked_tenant(request)
             api = _api(request)
-            tenant, admin = tenant_to_read(admission, request, asked)
+            tenant, admin = admission.reader(request, asked)
             report = await telemetry.report(tenant, window, api)
             states = fleets()
             if states and (admin or admission.open):
@@ -150,7 +143,7 @@ def metrics_endpoints(
             asked = asked_tenant(request)
             api = _api(request)
             route = _route(request)
-            tenant, _ = tenant_to_read(admission, request, asked)
+            tenant, _ = admission.reader(request, asked)
             return await telemetry.series(tenant, window, step, route, api)
 
         return await json_answer(read)

@@ -13,14 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.telemetry.event import RequestEvent
-from gateway.telemetry.usage import MAX_TOKEN_COUNT, token_count
+from gateway.telemetry.usage import token_count
 
 if TYPE_CHECKING:
     from gateway.telemetry.telemetry import Telemetry
 
 log = logging.getLogger("firsttoken.telemetry")
-
-__all__ = ["MAX_TOKEN_COUNT", "RequestRecord", "status_class", "token_count"]
 
 
 def status_class(status: int) -> str:

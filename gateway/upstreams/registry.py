@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 
 from gateway.config.routes import Route, RouteTable
 from gateway.config.settings import Settings
@@ -42,9 +41,6 @@ class Upstreams:
 
     def __bool__(self) -> bool:
         return bool(self.by_route)
-
-    def values(self) -> Iterable[Upstream]:
-        return self.by_route.values()
 
     def start(self) -> list[asyncio.Task]:
         """Start every route in the background; the tasks are what readiness waits for."""
