@@ -41,6 +41,26 @@ def google_auth_installed() -> bool:
     return True
 
 
+def _from_file(path: str, scopes: list[str]) -> Any:
+    """Credentials from an ADC file, loaded by its own type's loader where it names one
+    google-auth has (a service account, a gcloud user), else by google-auth's generic one."""
+    import json
+
+    import google.auth
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
+    with open(path, "rb") as file:
+        info = json.loads(file.read(1024 * 1024))
+    kind = info.get("type") if isinstance(info, dict) else None
+    if kind == "service_account":
+        return service_account.Credentials.from_service_account_info(info, scopes=scopes)
+    if kind == "authorized_user":
+        return user_credentials.Credentials.from_authorized_user_info(info, scopes=scopes)
+    credentials, _ = google.auth.load_credentials_from_file(path, scopes=scopes)
+    return credentials
+
+
 class GoogleTokenSource:
     """One set of credentials and its current token, refreshed ahead of expiry off the request
     path. `credentials_file`: a service-account (or other ADC) JSON file; None: ADC's search."""
@@ -80,9 +100,7 @@ class GoogleTokenSource:
         import google.auth.transport.requests
 
         if self.credentials_file:
-            credentials, _ = google.auth.load_credentials_from_file(
-                self.credentials_file, scopes=list(self.scopes)
-            )
+            credentials = _from_file(self.credentials_file, list(self.scopes))
         else:
             credentials, _ = google.auth.default(scopes=list(self.scopes))
         return credentials, google.auth.transport.requests.Request()
