@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -258,3 +259,27 @@ def test_model_id_must_be_one_plain_path_segment(make_gateway, google, model):
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert google.mock.requests == []
+
+
+def test_responses_and_messages_doors_over_gemini(make_gateway, google):
+    gw = gemini_gateway(make_gateway, google)
+    response = client(gw).responses.create(model="gemini-2.5-flash", input="Weather in Paris?")
+    assert response.output_text == "Hello from Gemini"
+    assert response.usage.input_tokens_details.cached_tokens == 1024
+    with client(gw).responses.stream(model="gemini-2.5-flash", input="Hi") as stream:
+        final = stream.get_final_response()
+    assert final.output_text == "Hello from Gemini"
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0, timeout=20)
+    message = claude.messages.create(
+        model="gemini-2.5-flash",
+        max_tokens=32,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    )
+    assert message.content[0].text == "Hello from Gemini"
+    assert message.usage.cache_read_input_tokens == 1024
+    paths = [r["path"] for r in google.mock.requests]
+    assert paths == [
+        "/v1beta/models/gemini-2.5-flash:generateContent",
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+        "/v1beta/models/gemini-2.5-flash:generateContent",
+    ]
