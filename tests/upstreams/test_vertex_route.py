@@ -38,6 +38,10 @@ TOOLS = [
 
 @pytest.fixture
 def vertex(make_gateway, google, tmp_path):
+    return vertex_gateway(make_gateway, google, tmp_path)
+
+
+def vertex_gateway(make_gateway, google, tmp_path):
     """A gateway with one vertex route to the mock, and the service account's private key."""
     path, pem = service_account_file(tmp_path, google)
     route = {
@@ -193,9 +197,10 @@ def test_anthropic_sdk_count_tokens_on_vertex(vertex, google):
     assert sent["body"]["model"] == "claude-sonnet-4@20250514"
 
 
-def test_quota_error_is_a_429_and_no_credential_leaks(vertex, google, caplog):
-    gw, pem = vertex
+def test_quota_error_is_a_429_and_no_credential_leaks(make_gateway, google, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="google")  # google-auth's own request logging too
+    gw, pem = vertex_gateway(make_gateway, google, tmp_path)  # the first token fetch logged too
     token = None
     google.mock.behaviour.fail_statuses = [429] * 8  # whatever the retries take
     google.mock.behaviour.retry_delay = "0.01s"
