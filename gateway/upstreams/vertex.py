@@ -176,7 +176,7 @@ class VertexUpstream(RemoteUpstream):
         if "anthropic-beta" in headers:
             out["anthropic-beta"] = headers["anthropic-beta"]
         try:
-            return await self.http.session.post(
+            resp = await self.http.session.post(
                 self.http.base_url + url_path,
                 data=orjson.dumps(payload),
                 headers=out,
@@ -186,6 +186,21 @@ class VertexUpstream(RemoteUpstream):
             raise UpstreamError(
                 f"Upstream {self.route.name!r} unreachable ({type(exc).__name__}).", status=503
             ) from None
+        if 400 <= resp.status < 500:
+            raise await self._client_error(resp, auth["authorization"][7:])
+        return resp
+
+    async def _client_error(self, resp: aiohttp.ClientResponse, token: str) -> UpstreamError:
+        """A 4xx for the Messages door: Google's error or Anthropic's, read within the limit,
+        as a status and message that the door answers in Anthropic's shape."""
+        status = resp.status
+        body = await self.http.read_body(resp)
+        google = google_error(body)
+        if google is not None:
+            message = str(google.get("message") or f"upstream answered {status}")
+        else:
+            message = str(error_to_openai(status, body)["error"]["message"])
+        return UpstreamError(message.replace(token, "[redacted]"), status=status, retryable=False)
 
 
 def vertex_error(exc: UpstreamError, token: str) -> UpstreamError:

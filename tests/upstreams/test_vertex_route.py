@@ -218,3 +218,23 @@ def test_quota_error_is_a_429_and_no_credential_leaks(make_gateway, google, tmp_
     key_line = pem.splitlines()[1]
     for text in (caplog.text, metrics):
         assert token not in text and key_line not in text and PRIVATE_KEY_ID not in text
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [(429, anthropic.RateLimitError), (403, anthropic.PermissionDeniedError)],
+)
+def test_google_errors_reach_the_anthropic_sdk_in_anthropic_shape(
+    vertex, google, status, error_class
+):
+    gw, _ = vertex
+    google.mock.behaviour.fail_statuses = [status]
+    google.mock.behaviour.fail_message = f"mock {status}"
+    with pytest.raises(error_class) as caught:
+        claude_client(gw).messages.create(
+            model="claude-sonnet-4@20250514",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "Hi"}],
+        )
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["message"] == f"mock {status}"
