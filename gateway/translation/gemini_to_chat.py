@@ -89,6 +89,36 @@ def openai_usage(metadata: Any) -> dict:
     }
 
 
+def openai_logprobs(candidate: dict) -> dict | None:
+    """A candidate's `logprobsResult` (asked for with `responseLogprobs`) as OpenAI's
+    `logprobs.content`: the chosen token per step, with that step's top candidates."""
+    result = candidate.get("logprobsResult")
+    if not isinstance(result, dict):
+        return None
+    tops = _list(result.get("topCandidates"))
+    content = []
+    for step, chosen in enumerate(_list(result.get("chosenCandidates"))):
+        chosen = _obj(chosen)
+        top = _obj(tops[step]).get("candidates") if step < len(tops) else None
+        content.append(
+            {
+                **_token_logprob(chosen),
+                "top_logprobs": [_token_logprob(_obj(c)) for c in _list(top)],
+            }
+        )
+    return {"content": content, "refusal": None}
+
+
+def _token_logprob(entry: dict) -> dict:
+    token = entry.get("token")
+    logprob = entry.get("logProbability")
+    return {
+        "token": token if isinstance(token, str) else "",
+        "logprob": float(logprob) if isinstance(logprob, int | float) else 0.0,
+        "bytes": None,
+    }
+
+
 def new_call_id(part: dict) -> str:
     """An OpenAI tool call id for a Gemini function call part: Gemini's own id when it sent
     one (Vertex does), and the part's thought signature after the separator."""
@@ -141,7 +171,7 @@ def to_openai_response(resp: dict, model: str, *, request_id: str, created: int)
             {
                 "index": index if isinstance(index, int) else position,
                 "message": message,
-                "logprobs": None,
+                "logprobs": openai_logprobs(candidate),
                 "finish_reason": finish_reason(candidate.get("finishReason"), bool(calls))
                 or "stop",
             }
@@ -195,7 +225,11 @@ class GeminiStreamTranslator:
                 self._started.add(index)
                 self._open.add(index)
                 chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
-            chunks.extend(self._parts(index, _obj(candidate.get("content")).get("parts")))
+            parts = self._parts(index, _obj(candidate.get("content")).get("parts"))
+            logprobs = openai_logprobs(candidate)
+            if logprobs is not None and parts:
+                parts[-1]["choices"][0]["logprobs"] = logprobs
+            chunks.extend(parts)
             reason = finish_reason(candidate.get("finishReason"), self._calls.get(index, 0) > 0)
             if reason is not None and index in self._open:
                 self._open.discard(index)

@@ -269,3 +269,27 @@ def test_google_error_bodies():
     assert error_to_openai(503, unavailable)[0] == 503
     status, payload, _ = error_to_openai(502, b"<html>bad gateway</html>")
     assert status == 502 and "bad gateway" in payload["error"]["message"]
+
+
+def test_logprobs_result_becomes_openai_logprobs():
+    result = {
+        "topCandidates": [
+            {
+                "candidates": [
+                    {"token": "Hi", "logProbability": -0.1},
+                    {"token": "Yo", "logProbability": -2.5},
+                ]
+            }
+        ],
+        "chosenCandidates": [{"token": "Hi", "logProbability": -0.1}],
+    }
+    resp = {"candidates": [{**candidate([{"text": "Hi"}], "STOP"), "logprobsResult": result}]}
+    out = to_openai_response(resp, "gemini-x", request_id="chatcmpl-1", created=1)
+    ChatCompletion.model_validate(out)
+    (step,) = out["choices"][0]["logprobs"]["content"]
+    assert step["token"] == "Hi" and step["logprob"] == -0.1
+    assert [t["token"] for t in step["top_logprobs"]] == ["Hi", "Yo"]
+    translator = GeminiStreamTranslator("gemini-x", request_id="chatcmpl-1", created=1)
+    chunks = translator.feed(resp)
+    with_logprobs = [c for c in chunks if c["choices"][0]["logprobs"]]
+    assert with_logprobs[0]["choices"][0]["delta"] == {"content": "Hi"}

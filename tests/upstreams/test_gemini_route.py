@@ -4,6 +4,7 @@ API at its wire format: what the SDK gets, what Google received, what telemetry 
 from __future__ import annotations
 
 import json
+import logging
 
 import anthropic
 import httpx
@@ -197,7 +198,10 @@ def test_tools_stream_then_tool_result_round_trip(make_gateway, google):
         (404, 404, "not_found_error"),
     ],
 )
-def test_google_errors_are_openai_shaped(make_gateway, google, status, client_status, error_type):
+def test_google_errors_are_openai_shaped(
+    make_gateway, google, caplog, status, client_status, error_type
+):
+    caplog.set_level(logging.DEBUG)
     gw = gemini_gateway(make_gateway, google)
     google.mock.behaviour.fail_statuses = [status]
     google.mock.behaviour.fail_message = f"mock {status} for {KEY}"
@@ -210,6 +214,7 @@ def test_google_errors_are_openai_shaped(make_gateway, google, status, client_st
     error = r.json()["error"]
     assert error["type"] == error_type and error["message"].startswith(f"mock {status}")
     assert KEY not in r.text  # the key an upstream message echoes is blanked
+    assert KEY not in caplog.text and KEY not in httpx.get(gw.url + "/metrics").text
 
 
 def test_throttling_is_a_429_with_retry_after(make_gateway, google):

@@ -238,3 +238,11 @@ def test_google_errors_reach_the_anthropic_sdk_in_anthropic_shape(
         )
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["message"] == f"mock {status}"
+
+
+def test_responses_door_over_vertex_claude(vertex, google):
+    gw, _ = vertex
+    response = client(gw).responses.create(model="claude-sonnet-4@20250514", input="Hi")
+    assert response.output_text == "Hello from Claude"
+    assert response.usage.input_tokens_details.cached_tokens == 1024
+    assert only_request(google)["path"].endswith(":rawPredict")
