@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.mock_google import GoogleBehaviour, MockGoogle
 from bench.mock_openai import ThreadedServer
-from tests.support.mock_google import GoogleBehaviour, MockGoogle
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from bench.mock_google import SIGNATURE
 from tests.support.gateway import capture_events, wait_for
-from tests.support.mock_google import SIGNATURE
 from tests.upstreams.google_support import GEMINI_KEY_ENV, origin
 
 KEY = "gm-secret-key"

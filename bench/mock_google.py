@@ -13,10 +13,13 @@
 - errors in Google's shape: `{"error": {"code", "message", "status", "details"}}`.
 
 The Gemini paths are matched the way Google matches them: `{model}:{method}` is one segment.
+Run it alone for a bench with `python -m bench.mock_google --port 9100 --first-ms 50 --chunks 20
+--gap-ms 5`: each stream is then `tok0` ... `tok19` after the first delay, a gap apart.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 from dataclasses import dataclass, field
@@ -44,6 +47,10 @@ class GoogleBehaviour:
     stream_error: bool = False  # an `{"error": ...}` event in the stream
     token_expires_in: int = 3600
     hold_token: asyncio.Event | None = None  # token requests after the first wait for it
+    # bench mode (chunks > 0): a stream of `tok<i>` texts, the first after first_delay_s
+    chunks: int = 0
+    first_delay_s: float = 0.0
+    gap_s: float = 0.0
 
 
 class MockGoogle:
@@ -54,6 +61,7 @@ class MockGoogle:
         self.token_requests = 0  # grants received, a held one included
         self.public_key: rsa.RSAPublicKey | None = None
         self.app = web.Application()
+        self.app.router.add_get("/v1/models", self.models)  # a readiness probe, for benches
         self.app.router.add_post("/token", self.token)
         self.app.router.add_post("/v1beta/models/{tail}", self.gemini)
         base = "/v1/projects/{project}/locations/{region}/publishers"
@@ -62,6 +70,9 @@ class MockGoogle:
 
     def base_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"models": []})
 
     # -- the token endpoint ----------------------------------------------------------------
     async def token(self, request: web.Request) -> web.Response:
@@ -184,6 +195,13 @@ class MockGoogle:
             }
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\r\n\r\n")
 
+        if self.behaviour.chunks:
+            await asyncio.sleep(self.behaviour.first_delay_s)
+            for i in range(self.behaviour.chunks):
+                await event([{"text": f"tok{i}"}], tokens=i + 1)
+                await asyncio.sleep(self.behaviour.gap_s)
+            await event([{"text": ""}], finish="STOP", tokens=self.behaviour.chunks)
+            return resp
         await event([{"text": "Hello"}])
         await event([{"text": " from"}], tokens=2)
         if self.behaviour.stream_error:
@@ -317,3 +335,33 @@ def _anthropic_error(status: int, message: str) -> web.Response:
 
 def _b64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--first-ms", type=float, default=50.0)
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--gap-ms", type=float, default=5.0)
+    parser.add_argument("--api-key", default=GoogleBehaviour.api_key)
+    args = parser.parse_args()
+    behaviour = GoogleBehaviour(
+        api_key=args.api_key,
+        chunks=args.chunks,
+        first_delay_s=args.first_ms / 1000,
+        gap_s=args.gap_ms / 1000,
+    )
+    mock = MockGoogle(behaviour)
+    mock.requests = _Discard()
+    web.run_app(mock.app, host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+class _Discard(list):
+    """A standalone mock keeps no requests: a long bench would grow it without bound."""
+
+    def append(self, item: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main()
