@@ -129,7 +129,9 @@ class GeminiCall:
         self.max_event_bytes = max_event_bytes
         self.secrets = secrets
 
-    async def _post(self, path: str, payload: bytes, extra: Mapping[str, str]) -> Any:
+    async def _post(
+        self, path: str, payload: bytes, extra: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
         try:
             return await self.http.post(path, payload, extra)
         except UpstreamError as exc:

@@ -116,7 +116,9 @@ class VertexUpstream(RemoteUpstream):
         method = "streamRawPredict" if stream else "rawPredict"
         return f"{self._publishers}/anthropic/models/{model_segment(model)}:{method}"
 
-    async def _post_claude(self, body: dict, ctx: CallContext, stream: bool) -> Any:
+    async def _post_claude(
+        self, body: dict, ctx: CallContext, stream: bool
+    ) -> aiohttp.ClientResponse:
         translated = messages_body({**body, "stream": stream}, ctx, self.route)
         payload = encode_body(vertex_messages_body(translated))
         path = self._anthropic_path(ctx.upstream_model, stream)
