@@ -296,6 +296,10 @@ PROVIDER_DEFAULTS = (
         ),
     ),
     (
+        "GEMINI_API_KEY",
+        Route(name="gemini", models=("gemini-*",), kind="gemini", api_key_env="GEMINI_API_KEY"),
+    ),
+    (
         "DEEPSEEK_API_KEY",
         Route(
             name="deepseek",

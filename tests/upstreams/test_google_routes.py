@@ -66,3 +66,11 @@ def test_the_credentials_file_is_read_from_the_settings():
     )
     upstream = build_upstream(settings.routes[0], settings)
     assert upstream.tokens.credentials_file == path
+
+
+def test_gemini_api_key_alone_makes_a_gemini_route():
+    settings = load_settings(environ={"GEMINI_API_KEY": "gm-key", "OPENAI_API_KEY": "sk-a"})
+    routes = {r.name: r for r in settings.routes or ()}
+    assert routes["gemini"].kind == "gemini" and routes["gemini"].models == ("gemini-*",)
+    assert [r.name for r in settings.routes or ()][-1] == "openai"  # the catch-all last
+    assert settings.route_api_key(routes["gemini"]) == "gm-key"
