@@ -173,10 +173,10 @@ class VertexUpstream(RemoteUpstream):
         else:  # count_tokens: Vertex's count-tokens model takes the model in the body
             url_path = f"{self._publishers}/anthropic/models/{count_name}:rawPredict"
             payload = {**body, "anthropic_version": VERTEX_ANTHROPIC_VERSION}
-        auth, _ = await self._auth()
-        out = {"content-type": "application/json", "accept-encoding": "identity", **auth}
+        auth, token = await self._auth()
         if "anthropic-beta" in headers:
-            out["anthropic-beta"] = headers["anthropic-beta"]
+            auth["anthropic-beta"] = headers["anthropic-beta"]
+        out = self.http.headers(auth)  # the route's own headers too, the bearer last
         try:
             resp = await self.http.session.post(
                 self.http.base_url + url_path,
@@ -189,7 +189,7 @@ class VertexUpstream(RemoteUpstream):
                 f"Upstream {self.route.name!r} unreachable ({type(exc).__name__}).", status=503
             ) from None
         if 400 <= resp.status < 500:
-            raise await self._client_error(resp, auth["authorization"][7:])
+            raise await self._client_error(resp, token)
         return resp
 
     async def _client_error(self, resp: aiohttp.ClientResponse, token: str) -> UpstreamError:
