@@ -55,9 +55,12 @@ DROPPED_FIELDS = frozenset(
         "prediction",
         "web_search_options",
         "verbosity",
-        "reasoning_effort",
     }
 )
+# `reasoning_effort` as Google's own OpenAI-compatible endpoint maps it: token budgets on Gemini
+# 2.5, thinking levels from Gemini 3 on; models before 2.5 do not think and get nothing.
+THINKING_BUDGETS = {"none": 0, "minimal": 0, "low": 1024, "medium": 8192, "high": 24576}
+THINKING_LEVELS = frozenset({"minimal", "low", "medium", "high"})
 # A thought signature Gemini gave a function call rides back to it inside the call's id, the one
 # field of a tool call that every OpenAI client returns unchanged with the next request.
 SIGNATURE_SEPARATOR = "~sig~"
@@ -123,6 +126,9 @@ def _generation_config(body: dict) -> dict:
         if body.get("top_logprobs") is not None:
             config["logprobs"] = _int(body["top_logprobs"], "top_logprobs")
     config.update(_response_format(body.get("response_format")))
+    thinking = _thinking(body.get("reasoning_effort"), body.get("model"))
+    if thinking is not None:
+        config["thinkingConfig"] = thinking
     native = body.get("generationConfig")
     if isinstance(native, dict):
         config.update(native)  # the client's own Gemini settings win over translated ones
@@ -149,6 +155,18 @@ def _response_format(response_format: Any) -> dict:
     raise TranslationError(
         "'response_format.type' must be 'text', 'json_object' or 'json_schema'", "response_format"
     )
+
+
+def _thinking(effort: Any, model: Any) -> dict | None:
+    if not isinstance(effort, str) or not isinstance(model, str):
+        return None
+    name = model.lower().removeprefix("models/")
+    if name.startswith(("gemini-1", "gemini-2.0")):
+        return None
+    if name.startswith("gemini-2"):
+        budget = THINKING_BUDGETS.get(effort)
+        return None if budget is None else {"thinkingBudget": budget}
+    return {"thinkingLevel": effort} if effort in THINKING_LEVELS else None
 
 
 def _number(value: Any, name: str) -> float:

@@ -293,3 +293,19 @@ def test_logprobs_result_becomes_openai_logprobs():
     chunks = translator.feed(resp)
     with_logprobs = [c for c in chunks if c["choices"][0]["logprobs"]]
     assert with_logprobs[0]["choices"][0]["delta"] == {"content": "Hi"}
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "thinking"),
+    [
+        ("gemini-2.5-flash", "none", {"thinkingBudget": 0}),
+        ("gemini-2.5-pro", "medium", {"thinkingBudget": 8192}),
+        ("gemini-3-pro-preview", "high", {"thinkingLevel": "high"}),
+        ("gemini-3-pro-preview", "none", None),
+        ("gemini-2.0-flash", "high", None),
+    ],
+)
+def test_reasoning_effort_becomes_thinking_config(model, effort, thinking):
+    body = {"model": model, "messages": [{"role": "user", "content": "x"}]}
+    out = to_gemini_request({**body, "reasoning_effort": effort})
+    assert out.get("generationConfig", {}).get("thinkingConfig") == thinking
