@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import anthropic
 import httpx
@@ -246,3 +247,20 @@ def test_responses_door_over_vertex_claude(vertex, google):
     assert response.output_text == "Hello from Claude"
     assert response.usage.input_tokens_details.cached_tokens == 1024
     assert only_request(google)["path"].endswith(":rawPredict")
+
+
+def test_the_gateway_refreshes_the_token_before_it_expires(make_gateway, google, tmp_path):
+    # Tokens that last 301 s are due for refresh one second after each grant (the default
+    # margin is 300 s): the background task refreshes, and requests carry the new token.
+    google.mock.behaviour.token_expires_in = 301
+    gw, _ = vertex_gateway(make_gateway, google, tmp_path)
+    deadline = time.monotonic() + 20
+    while len(google.mock.tokens_issued) < 2:
+        assert time.monotonic() < deadline, "no background refresh"
+        time.sleep(0.05)
+    client(gw).chat.completions.create(model="gemini-2.5-pro", messages=MESSAGES)
+    sent = only_request(google)
+    assert sent["headers"]["authorization"] != "Bearer ya29.mock-1"
+    bearer = sent["headers"]["authorization"].removeprefix("Bearer ")
+    assert bearer in google.mock.tokens_issued[1:]
+    assert gw.runtime.upstreams["vertex"].tokens.waited == 0  # no request waited on a refresh
