@@ -9,6 +9,7 @@ list (`gateway.config.settings`); a route's key is read with the settings, never
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Container, Sequence
 from typing import Literal
 from urllib.parse import urlsplit
@@ -17,10 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import FAMILIES
 
-RouteKind = Literal["openai", "anthropic", "local"]
+RouteKind = Literal["openai", "anthropic", "local", "gemini", "vertex"]
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
+# vertex only: a Google Cloud project id and a region (or `global`); both become URL parts.
+GOOGLE_CREDENTIALS_VARIABLE = "GOOGLE_APPLICATION_CREDENTIALS"  # google-auth's ADC file
+GCP_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+GCP_REGION = re.compile(r"[a-z]+(-[a-z]+[0-9]+)?")
 
 
 BalanceMode = Literal["prefix_affinity", "least_loaded", "round_robin"]
@@ -87,6 +92,9 @@ class Route(BaseModel):
     hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)
     # openai only: prefill and decode servers (vLLM P/D pools, `firsttoken engine --role`)
     pd: PDPools | None = None
+    # vertex only: the Google Cloud project and region (`global` for the global endpoint)
+    project: str | None = None
+    region: str | None = None
 
     @model_validator(mode="after")
     def _needs_target(self) -> Route:
@@ -96,6 +104,7 @@ class Route(BaseModel):
             self._check_replicas()
         elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
+        self._check_google()
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
@@ -113,6 +122,23 @@ class Route(BaseModel):
                     f"known: {', '.join(sorted(FAMILIES))}"
                 )
         return self
+
+    def _check_google(self) -> None:
+        """A vertex route names its project and region, each a plain URL segment; no other
+        kind takes them."""
+        if self.kind != "vertex":
+            if self.project is not None or self.region is not None:
+                raise ValueError(f"route {self.name!r}: project and region apply to vertex only")
+            return
+        if self.project is None or not GCP_PROJECT.fullmatch(self.project):
+            raise ValueError(
+                f"route {self.name!r}: a vertex route needs 'project', a Google Cloud project "
+                "id (lower-case letters, digits and hyphens)"
+            )
+        if self.region is None or len(self.region) > 40 or not GCP_REGION.fullmatch(self.region):
+            raise ValueError(
+                f"route {self.name!r}: a vertex route needs 'region', e.g. 'us-east5' or 'global'"
+            )
 
     def _check_replicas(self) -> None:
         if self.kind != "openai":
@@ -156,6 +182,10 @@ class Route(BaseModel):
         found = {self.api_key_env} if self.api_key_env else set()
         servers = [*self.replicas, *(self.pd.prefill + self.pd.decode if self.pd else ())]
         return found | {r.api_key_env for r in servers if r.api_key_env}
+
+    def credential_variables(self) -> set[str]:
+        """Variables besides keys that this route's credentials come from, when set."""
+        return {GOOGLE_CREDENTIALS_VARIABLE} if self.kind == "vertex" else set()
 
     def allows_passthrough(self, family: str) -> bool:
         """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""
@@ -264,6 +294,10 @@ PROVIDER_DEFAULTS = (
             base_url="https://api.anthropic.com/v1",
             api_key_env="ANTHROPIC_API_KEY",
         ),
+    ),
+    (
+        "GEMINI_API_KEY",
+        Route(name="gemini", models=("gemini-*",), kind="gemini", api_key_env="GEMINI_API_KEY"),
     ),
     (
         "DEEPSEEK_API_KEY",

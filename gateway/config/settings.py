@@ -385,7 +385,9 @@ def load_settings(
         log.warning(message)
     settings = Settings(**values)
     if "captured_env" not in overrides:  # now that the routes are known, their keys too
-        route_variables = {v for r in settings.routes or () for v in r.key_variables()}
+        route_variables = {
+            v for r in settings.routes or () for v in r.key_variables() | r.credential_variables()
+        }
         settings.captured_env = _capture(environ, wanted | route_variables)
     for route in settings.routes or ():
         for variable in sorted(route.key_variables()):

@@ -3,11 +3,13 @@ so that an application holding the `anthropic` SDK points its `base_url` at the 
 
 The request is routed by its `model` like chat's:
 
-- to an `anthropic` route it goes in Anthropic's own format, through the route's policies
+- to an `anthropic` route, or a Claude model on a `vertex` route (`speaks_messages`), it goes
+  in Anthropic's own format, through the route's policies
   applied to the Messages shape (`cache_hints` adds breakpoints only where the client set none),
   else byte for byte unless the route's `model_map` renames the model, so the client's
   `cache_control` and everything else it sent arrive as sent;
-- to an `openai` or `local` route it is translated to chat (`gateway.translation`) and served by
+- to any other route (`openai`, `local`, `gemini`, a Gemini model on `vertex`) it is
+  translated to chat (`gateway.translation`) and served by
   the chat path (policies, retries, fallbacks, TTFT), the answer translated back as it streams;
   `count_tokens` there is an estimate that says so (`x-firsttoken-estimate`).
 
@@ -55,6 +57,7 @@ from gateway.translation.messages_chat import anthropic_error_type, messages_req
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.registry import Upstreams
+from gateway.upstreams.vertex import is_anthropic_model
 from policies.tokens import count_request_tokens
 
 log = logging.getLogger("firsttoken.messages")
@@ -87,7 +90,7 @@ class MessagesDoor:
         try:
             await self.admission.admit(admitted, parse_count_tokens if count else parse_messages)
             route = admitted.route
-            if route.kind != "anthropic":
+            if not speaks_messages(route, admitted.model):
                 return await self._translated(admitted, path)
             record = self.pipeline.record_for(admitted)
             record.api = "messages"
@@ -113,6 +116,14 @@ class MessagesDoor:
             )
         answer = TranslatedFormat(MessagesShape(admitted.model), translated.notes)
         return await self.pipeline.serve(admitted, translated.body, answer)
+
+
+def speaks_messages(route: Route, model: str) -> bool:
+    """Whether the route takes Messages bodies natively: an `anthropic` route, or a Claude model
+    on a `vertex` route (its upstream adjusts the body: model in the URL, Vertex's version)."""
+    if route.kind == "anthropic":
+        return True
+    return route.kind == "vertex" and is_anthropic_model(route.upstream_model(model))
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:

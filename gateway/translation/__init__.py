@@ -7,6 +7,9 @@ the way out:
 
 - `anthropic`: chat -> Anthropic Messages (`chat_to_anthropic`) and Anthropic's answers -> chat
   (`anthropic_to_chat`), used by the `anthropic` upstream kind;
+- `gemini`: chat -> Gemini `generateContent` (`chat_to_gemini`) and Gemini's answers -> chat
+  (`gemini_to_chat`), used by the `gemini` upstream kind and by `vertex` for Google's models
+  (`vertex` serves Claude models with `anthropic`);
 - `messages_chat`: Anthropic Messages requests -> chat, and chat answers -> Messages, used by
   `POST /v1/messages` on `openai` and `local` routes;
 - `responses_chat`: OpenAI Responses requests -> chat, and chat answers -> Responses, used by

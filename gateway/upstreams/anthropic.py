@@ -90,26 +90,7 @@ class AnthropicUpstream(RemoteUpstream):
         )
 
     def _translate(self, body: dict, ctx: CallContext) -> bytes:
-        """The Messages body, or a 400 naming the field that cannot be translated: a client's
-        malformed input is never an upstream failure (502) nor retried."""
-        if ctx.endpoint != "chat":
-            raise client_error(
-                "the anthropic route kind serves /v1/chat/completions only, not /v1/completions",
-                "model",
-            )
-        try:
-            translated = to_anthropic_request(body, ctx.upstream_model)
-        except TranslationError as exc:
-            raise client_error(str(exc), exc.param) from None
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            # A shape the translator's checks missed; the client's body is the only input.
-            log.warning(
-                "untranslatable request for route %s: %s", self.route.name, type(exc).__name__
-            )
-            raise client_error(
-                f"the request cannot be translated for an Anthropic model ({type(exc).__name__})"
-            ) from None
-        return encode_body(translated)
+        return encode_body(messages_body(body, ctx, self.route))
 
     async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
         payload = self._translate(body, ctx)
@@ -125,31 +106,67 @@ class AnthropicUpstream(RemoteUpstream):
     async def open_stream(self, body: dict, ctx: CallContext) -> AnthropicEventStream:
         resp = await self._post_translated({**body, "stream": True}, ctx)
         self.http.expect(resp, stream=True)
-        translator = AnthropicStreamTranslator(
-            ctx.client_model or ctx.upstream_model,
-            include_usage=True,
-            created=int(time.time()),
-            request_id=f"chatcmpl-{ctx.request_id}",
-        )
-        return AnthropicEventStream(resp, translator, self.max_event_bytes, self.route.name)
+        return anthropic_stream(resp, ctx, self.max_event_bytes, self.route)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
         resp = await self._post_translated({**body, "stream": False}, ctx)
         self.http.expect(resp, stream=False)
-        parsed = json_object_body(await self.http.read_body(resp), self.route.name)
-        try:
-            out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise UpstreamError(
-                "upstream sent a malformed Anthropic response", status=502, retryable=False
-            ) from None
-        return Completed(
-            200,
-            orjson.dumps(out),
-            "application/json",
-            out.get("usage"),
-            relayed_headers(resp.raw_headers),
+        return anthropic_completed(await self.http.read_body(resp), resp, ctx, self.route)
+
+
+def messages_body(body: dict, ctx: CallContext, route: Route) -> dict:
+    """The Messages body for a chat body, or a 400 naming the field that cannot be translated:
+    a client's malformed input is never an upstream failure (502) nor retried. Shared by every
+    kind that serves Anthropic models (`anthropic`, `vertex`)."""
+    if ctx.endpoint != "chat":
+        raise client_error(
+            f"the {route.kind} route kind serves /v1/chat/completions only for Anthropic "
+            "models, not /v1/completions",
+            "model",
         )
+    try:
+        return to_anthropic_request(body, ctx.upstream_model)
+    except TranslationError as exc:
+        raise client_error(str(exc), exc.param) from None
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        # A shape the translator's checks missed; the client's body is the only input.
+        log.warning("untranslatable request for route %s: %s", route.name, type(exc).__name__)
+        raise client_error(
+            f"the request cannot be translated for an Anthropic model ({type(exc).__name__})"
+        ) from None
+
+
+def anthropic_stream(
+    resp: aiohttp.ClientResponse, ctx: CallContext, max_event_bytes: int, route: Route
+) -> AnthropicEventStream:
+    """An Anthropic SSE answer read as OpenAI chunks, usage always included."""
+    translator = AnthropicStreamTranslator(
+        ctx.client_model or ctx.upstream_model,
+        include_usage=True,
+        created=int(time.time()),
+        request_id=f"chatcmpl-{ctx.request_id}",
+    )
+    return AnthropicEventStream(resp, translator, max_event_bytes, route.name)
+
+
+def anthropic_completed(
+    raw: bytes, resp: aiohttp.ClientResponse, ctx: CallContext, route: Route
+) -> Completed:
+    """A whole Anthropic message as an OpenAI `chat.completion`."""
+    parsed = json_object_body(raw, route.name)
+    try:
+        out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UpstreamError(
+            "upstream sent a malformed Anthropic response", status=502, retryable=False
+        ) from None
+    return Completed(
+        200,
+        orjson.dumps(out),
+        "application/json",
+        out.get("usage"),
+        relayed_headers(resp.raw_headers),
+    )
 
 
 class AnthropicEventStream:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gateway.config.routes import Replica, Route
+from gateway.config.errors import SettingsError
+from gateway.config.routes import GOOGLE_CREDENTIALS_VARIABLE, Replica, Route
 from gateway.config.settings import Settings
 from gateway.upstreams.base import Upstream
 
@@ -28,12 +29,19 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
     from gateway.upstreams.anthropic import AnthropicUpstream
     from gateway.upstreams.openai import OpenAIUpstream
 
-    options = {
+    options: dict[str, Any] = {
         "pool_size": settings.pool_size,
         "connect_timeout_s": settings.connect_timeout_s,
         "max_event_bytes": settings.max_event_bytes,
         "max_response_bytes": settings.max_response_bytes,
     }
+
+    if route.kind == "gemini":
+        from gateway.upstreams.gemini import GeminiUpstream
+
+        return GeminiUpstream(route, api_key=settings.route_api_key(route), **options)
+    if route.kind == "vertex":
+        return vertex_upstream(route, settings, options)
 
     def one_server(replica: Replica) -> OpenAIUpstream:
         # Each replica (or prefill/decode server) is reached like a one-server route of its
@@ -64,6 +72,23 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
         return ReplicatedUpstream(route, [one_server(r) for r in route.replicas])
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
     return kind(route, api_key=settings.route_api_key(route), **options)
+
+
+def vertex_upstream(route: Route, settings: Settings, options: dict[str, Any]) -> Upstream:
+    """A vertex route's upstream; google-auth (the `vertex` extra) is imported only now, and
+    its absence is a start-up error that says what to install."""
+    from gateway.upstreams.google_token import EXTRA_HINT, google_auth_installed
+
+    if not google_auth_installed():
+        raise SettingsError(
+            f"FIRSTTOKEN_ROUTES: route {route.name!r} is of kind vertex, which needs google-auth "
+            f"for its credentials: {EXTRA_HINT}"
+        )
+    from gateway.upstreams.vertex import VertexUpstream
+
+    return VertexUpstream(
+        route, credentials_file=settings.captured(GOOGLE_CREDENTIALS_VARIABLE), **options
+    )
 
 
 def pd_pairing(protocol: str) -> Callable[[PDUpstream], Pairing]:

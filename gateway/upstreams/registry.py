@@ -20,7 +20,8 @@ from gateway.upstreams.build import build_upstream
 log = logging.getLogger("firsttoken")
 
 NO_ROUTE_HELP = (
-    "No route is configured. Set OPENAI_API_KEY, ANTHROPIC_API_KEY or DEEPSEEK_API_KEY, or "
+    "No route is configured. Set OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY or "
+    "DEEPSEEK_API_KEY, or "
     "FIRSTTOKEN_ROUTES (a JSON list of routes), or install the local engine "
     "(pip install 'firsttoken[engine]') to serve a local model."
 )
