@@ -9,6 +9,8 @@ list (`gateway.config.settings`); a route's key is read with the settings, never
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
+import re
 from collections.abc import Container, Sequence
 from typing import Literal
 from urllib.parse import urlsplit
@@ -17,10 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import FAMILIES
 
-RouteKind = Literal["openai", "anthropic", "local"]
+RouteKind = Literal["openai", "anthropic", "local", "bedrock"]
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
+# An AWS region name: it becomes part of a host name, so nothing else may pass.
+AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 
 
 BalanceMode = Literal["prefix_affinity", "least_loaded", "round_robin"]
@@ -68,6 +72,8 @@ class Route(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     # openai only: the /v1 path families forwarded (None: all of FAMILIES, []: none)
     passthrough: tuple[str, ...] | None = None
+    # bedrock only: the AWS region (base_url default: https://bedrock-runtime.{region}.amazonaws.com)
+    region: str | None = None
     # local engine only
     model_path: str | None = None
     demo: bool = False
@@ -96,6 +102,8 @@ class Route(BaseModel):
             self._check_replicas()
         elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
+        if self.kind == "bedrock" or self.region is not None:
+            self._check_bedrock()
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
@@ -113,6 +121,22 @@ class Route(BaseModel):
                     f"known: {', '.join(sorted(FAMILIES))}"
                 )
         return self
+
+    def _check_bedrock(self) -> None:
+        if self.kind != "bedrock":
+            raise ValueError(f"route {self.name!r}: region applies to bedrock routes only")
+        if self.region is None or not AWS_REGION.fullmatch(self.region):
+            raise ValueError(
+                f"route {self.name!r}: kind 'bedrock' needs region, an AWS region such as "
+                "'us-east-1'"
+            )
+        if self.replicas or self.pd is not None:
+            raise ValueError(f"route {self.name!r}: replicas and pd apply to openai routes only")
+        if importlib.util.find_spec("botocore") is None:
+            raise ValueError(
+                f"route {self.name!r}: bedrock routes need botocore; "
+                "install it with: pip install 'firsttoken[bedrock]'"
+            )
 
     def _check_replicas(self) -> None:
         if self.kind != "openai":

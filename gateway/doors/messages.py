@@ -54,6 +54,9 @@ from gateway.telemetry.record import RequestRecord
 from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.bedrock import BedrockUpstream
+from gateway.upstreams.bedrock_stream import MessagesSSE
+from gateway.upstreams.bedrock_wire import is_anthropic_model
 from gateway.upstreams.registry import Upstreams
 from policies.tokens import count_request_tokens
 
@@ -87,7 +90,7 @@ class MessagesDoor:
         try:
             await self.admission.admit(admitted, parse_count_tokens if count else parse_messages)
             route = admitted.route
-            if route.kind != "anthropic":
+            if not speaks_messages(route, admitted.model, count):
                 return await self._translated(admitted, path)
             record = self.pipeline.record_for(admitted)
             record.api = "messages"
@@ -113,6 +116,15 @@ class MessagesDoor:
             )
         answer = TranslatedFormat(MessagesShape(admitted.model), translated.notes)
         return await self.pipeline.serve(admitted, translated.body, answer)
+
+
+def speaks_messages(route: Route, model: str, count: bool = False) -> bool:
+    """Whether the route takes Messages bodies natively: an `anthropic` route, or a `bedrock`
+    route for a Claude model (InvokeModel takes Anthropic's body; count_tokens there is the
+    translated path's estimate)."""
+    if route.kind == "bedrock":
+        return not count and is_anthropic_model(route.upstream_model(model))
+    return route.kind == "anthropic"
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:
@@ -216,6 +228,9 @@ class MessagesExchange:
         try:
             async with asyncio.timeout(timeout):
                 self.record.upstream_sent = time.perf_counter()
+                if isinstance(upstream, BedrockUpstream):
+                    await self._bedrock(upstream, headers, data, stream)
+                    return
                 try:
                     resp = await upstream.forward("POST", self.path, headers, data)
                 except UpstreamError as exc:
@@ -226,6 +241,24 @@ class MessagesExchange:
             raise GatewayError(
                 504, f"Upstream {route.name!r} did not answer within {timeout}s."
             ) from None
+
+    async def _bedrock(
+        self, upstream: BedrockUpstream, headers: dict[str, str], data: bytes, stream: bool
+    ) -> None:
+        """InvokeModel with the Messages body; its event stream goes out as Anthropic SSE."""
+        assert self.relay is not None
+        relay = self.relay
+        try:
+            answer = await upstream.messages(data, headers, stream)
+        except UpstreamError as exc:
+            raise GatewayError(exc.status, exc.message) from None
+        if isinstance(answer, MessagesSSE):
+            try:
+                await relay.events((), answer.chunks())
+            finally:
+                answer.close()
+        else:
+            await relay_answer(answer, lambda r: relay.answer(r, False))
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         level = logging.INFO if 400 <= exc.status < 500 else logging.WARNING
