@@ -1,12 +1,13 @@
 """cache_hints: tell the provider where the stable prefix ends.
 
-- ``anthropic`` routes, for chat bodies (translated to Anthropic's API later) and native
-  Messages bodies alike: when the client set no ``cache_control`` anywhere (tools, system
-  blocks, messages, content blocks and the blocks inside a tool_result, top level), add up to
-  four breakpoints, each only where the prefix before it
-  reaches the model's minimum cacheable length: the end of the tools, the end of the system
-  prompt, the end of the previous turn (a second read point when a turn adds more than the
-  20-block lookback) and the last message stable across turns (the last one before the
+- Routes of the ``anthropic`` cache family (``policies.provider_limits.cache_family``:
+  Anthropic direct, Claude on Bedrock InvokeModel and on Vertex), for chat bodies (translated
+  to Anthropic's API later) and native Messages bodies alike: when the client set no
+  ``cache_control`` anywhere (tools, system blocks, messages, content blocks and the blocks
+  inside a tool_result, top level), add up to four breakpoints, each only where the prefix
+  before it reaches the model's minimum cacheable length: the end of the tools, the end of
+  the system prompt, the end of the previous turn (a second read point when a turn adds more
+  than the 20-block lookback) and the last message stable across turns (the last one before the
   volatile note). No breakpoint goes after a volatile value left in the system prompt (a
   clock, a request id): that write could never be read. Tools and system may use a longer
   TTL (``FIRSTTOKEN_CACHE_HINTS_HEAD_TTL``); longer TTLs come first, as Anthropic requires.
@@ -14,11 +15,18 @@
   content becomes one text part; never on a thinking block, which Anthropic refuses) or on a
   tool. On a Messages body the system prompt's breakpoint lands on the top-level ``system``
   blocks (``policies.shapes`` lowers it there).
-- ``openai`` routes, for chat, completions and native Responses bodies: when the client set no
+- Routes of the ``bedrock_converse`` family: the same breakpoints, at the model's Converse
+  minimum, on the models that support cache points (none on the others); the Converse
+  converter turns each marker into a ``cachePoint`` block. Always the 5-minute TTL.
+- Routes of the ``openai`` family (OpenAI, Azure OpenAI, OpenAI-compatible hosts), for chat,
+  completions and native Responses bodies: when the client set no
   ``prompt_cache_key``, set the prefix family key, so requests sharing a prefix are routed to
   the same cache machine. ``user`` is left as sent
   (billing and audit see it); the key simply does not include it.
-- ``local`` routes: nothing; the engine keeps its own prefix cache.
+- Automatic families (DeepSeek, Moonshot, Gemini) and ``local`` routes: nothing; the
+  provider (or the engine) caches prefixes on its own.
+
+The notes always name the family (``family``), which the advisor reads.
 
 The prefix family (``prefix_family_key``) hashes the tenant, the model, the set of tool names and
 the system prompt with volatile values and passage bodies masked, so the usual cache-breakers
@@ -31,7 +39,13 @@ import hashlib
 from typing import Any
 
 from policies.passages import find_passages, has_passage
-from policies.provider_limits import ANTHROPIC_MAX_BREAKPOINTS, anthropic_min_tokens
+from policies.provider_limits import (
+    ANTHROPIC_MAX_BREAKPOINTS,
+    CACHE_FAMILIES,
+    anthropic_min_tokens,
+    cache_family,
+    min_cacheable_tokens,
+)
 from policies.request import (
     SYSTEM_ROLES,
     content_text,
@@ -163,7 +177,11 @@ def _system_has_volatile(messages: list[Any]) -> bool:
 
 def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[dict, list[str]]:
     """The body with breakpoints added, and where they went (e.g. ``["tools", "messages[4]"]``)."""
-    minimum = anthropic_min_tokens(model)
+    return add_breakpoints(body, anthropic_min_tokens(model), head_ttl)
+
+
+def add_breakpoints(body: dict, minimum: int, head_ttl: str) -> tuple[dict, list[str]]:
+    """``add_anthropic_breakpoints`` with the minimum cacheable length given."""
     tools = tools_of(body) or []
     messages = messages_of(body) or []
     prefix = TOKENS_FOR_REPLY + sum(count_tool(tool) for tool in tools)
@@ -199,6 +217,11 @@ def add_anthropic_breakpoints(body: dict, model: str, head_ttl: str) -> tuple[di
     return result, placed
 
 
+def _family_of(ctx: Any) -> str:
+    family = getattr(ctx, "cache_family", "")
+    return family or cache_family(ctx.route_kind, ctx.model, getattr(ctx, "base_url", None))
+
+
 class CacheHintsPolicy:
     name = "cache_hints"
 
@@ -206,18 +229,24 @@ class CacheHintsPolicy:
         self.head_ttl = head_ttl
 
     def apply(self, body: dict, ctx: Any) -> tuple[dict, dict]:
-        notes: dict[str, Any] = {}
-        if ctx.route_kind == "openai" and ctx.endpoint != "messages":
+        family = _family_of(ctx)
+        notes: dict[str, Any] = {"family": family}
+        marker = CACHE_FAMILIES[family].marker if family in CACHE_FAMILIES else None
+        if marker == "prompt_cache_key" and ctx.endpoint != "messages":
             if body.get("prompt_cache_key") is None:
                 key = prefix_family_key(body, ctx.tenant, ctx.model)
                 notes["prompt_cache_key"] = key
                 return {**body, "prompt_cache_key": key}, notes
             return dict(body), notes
-        if ctx.route_kind == "anthropic" and ctx.endpoint in ("chat", "messages"):
+        if marker in ("cache_control", "cache_point") and ctx.endpoint in ("chat", "messages"):
+            minimum = min_cacheable_tokens(family, ctx.model)
+            if minimum is None:
+                return dict(body), notes
             if has_cache_control(body):
                 notes["client_breakpoints"] = True
                 return dict(body), notes
-            result, placed = add_anthropic_breakpoints(body, ctx.model, self.head_ttl)
+            ttl = self.head_ttl if marker == "cache_control" else "5m"
+            result, placed = add_breakpoints(body, minimum, ttl)
             if placed:
                 notes["breakpoints"] = placed
             return result, notes

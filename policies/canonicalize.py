@@ -26,6 +26,7 @@ from typing import Any
 
 from policies.config import CanonicalizeOptions
 from policies.passages import sort_passage_runs
+from policies.provider_limits import CACHE_FAMILIES, cache_family
 from policies.request import SYSTEM_ROLES, is_item, map_message_text, tool_function_name
 from policies.volatile import PlaceholderTable, insert_note, is_volatile_note, note_message
 
@@ -236,7 +237,7 @@ class CanonicalizePolicy:
                     for message in messages
                 ]
             if self.options.volatile:
-                messages, replaced = _move_volatile(messages, ctx.route_kind)
+                messages, replaced = _move_volatile(messages, _note_role(ctx))
                 if replaced:
                     notes["volatile_values"] = replaced
             result["messages"] = _canonical_list(messages, _canonical_message)
@@ -255,7 +256,13 @@ class CanonicalizePolicy:
         return result, notes
 
 
-def _move_volatile(messages: list[Any], route_kind: str) -> tuple[list[Any], int]:
+def _note_role(ctx: Any) -> str:
+    family = getattr(ctx, "cache_family", "") or cache_family(ctx.route_kind, ctx.model)
+    rules = CACHE_FAMILIES.get(family)
+    return "system" if rules is not None and rules.late_system else "user"
+
+
+def _move_volatile(messages: list[Any], role: str) -> tuple[list[Any], int]:
     table = PlaceholderTable()
     rewritten = []
     for message in messages:
@@ -268,4 +275,4 @@ def _move_volatile(messages: list[Any], route_kind: str) -> tuple[list[Any], int
         rewritten.append(message)
     if not table.values:
         return messages, 0
-    return insert_note(rewritten, note_message(table, route_kind)), len(table.values)
+    return insert_note(rewritten, note_message(table, role)), len(table.values)

@@ -21,6 +21,7 @@ from policies.cache_hints import CacheHintsPolicy, prefix_family_key
 from policies.canonicalize import CanonicalizePolicy
 from policies.config import POLICY_NAMES, PolicyConfigError, PolicyOptions, parse_options
 from policies.diagnostics import PrefixFingerprints
+from policies.provider_limits import cache_family
 from policies.shapes import lift, lower
 from policies.slim import SlimPolicy
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_request_tokens
@@ -29,10 +30,20 @@ from policies.volatile import is_volatile_note
 
 @dataclass(frozen=True)
 class PolicyContext:
+    """Where a request goes. ``cache_family`` (``policies.provider_limits``) is derived from the
+    route kind, the model and the route's ``base_url`` unless given."""
+
     endpoint: str  # "chat" | "completions" | "messages" | "responses"
-    route_kind: str  # "openai" | "anthropic" | "local"
+    route_kind: str  # "openai" | "anthropic" | "local" | "azure" | ...
     model: str  # the model name as the upstream will see it
     tenant: str
+    base_url: str | None = None
+    cache_family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.cache_family:
+            family = cache_family(self.route_kind, self.model, self.base_url)
+            object.__setattr__(self, "cache_family", family)
 
 
 @dataclass

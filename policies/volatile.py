@@ -154,8 +154,9 @@ def is_volatile_note(message: Any) -> bool:
     return isinstance(content, str) and content.startswith(NOTE_MARKER)
 
 
-def note_message(table: PlaceholderTable, route_kind: str) -> dict:
-    role = "system" if route_kind == "openai" else "user"
+def note_message(table: PlaceholderTable, role: str) -> dict:
+    """The note as a ``role`` message: "system" where the provider takes a late system
+    message (``FamilyRules.late_system``), else "user"."""
     return {"role": role, "content": table.note_text()}
 
 

@@ -3,11 +3,14 @@
 Each sampled request's fingerprints (the chain's own, ``observed``, and one per variant) are
 compared with that family's last ``HISTORY`` fingerprints of the same variant; the stable prefix
 is the longest over them (a provider's cache holds several recent prefixes, and two sessions of
-one agent share a family). The stable prefix becomes cached tokens under the provider's rules:
+one agent share a family). The stable prefix becomes cached tokens under the rules of the
+route's cache family (``policies.provider_limits.cached_tokens``, the one table):
 
-- OpenAI: exact prefix in 128-token steps from 1,024 tokens (``openai_cached_tokens``).
-- Anthropic: APPROXIMATED as the whole stable prefix once it reaches the model's minimum
-  cacheable length. Anthropic reads only at ``cache_control`` breakpoints (within a 20-block
+- OpenAI (and Azure): exact prefix in 128-token steps from 1,024 tokens.
+- DeepSeek: the stable prefix in 64-token units; Moonshot: the whole stable prefix.
+- Gemini: the whole stable prefix once it reaches the model's implicit-caching minimum.
+- Anthropic and Bedrock Converse: APPROXIMATED as the whole stable prefix once it reaches the
+  model's minimum cacheable length. They read only at breakpoints (Anthropic within a 20-block
   lookback), so this is an upper bound: the hit really ends at the last breakpoint inside the
   stable prefix.
 
@@ -21,7 +24,7 @@ import struct
 from dataclasses import dataclass
 
 from policies.diagnostics import PrefixFingerprints, find_prefix_break
-from policies.provider_limits import openai_cached_tokens
+from policies.provider_limits import FAMILY_NAMES, cached_tokens
 
 from .variants import ALL_OPT_INS, OBSERVED, VARIANTS
 
@@ -41,8 +44,7 @@ def field_names() -> tuple[str, ...]:
         "requests",
         "prompt",
         "sampled",
-        "route:openai",
-        "route:anthropic",
+        *(f"route:{family}" for family in FAMILY_NAMES),
         *per_variant,
         *breaks,
     )
@@ -50,13 +52,11 @@ def field_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class CacheRules:
-    kind: str  # "openai" | "anthropic"
-    minimum: int = 1024  # Anthropic: the model's minimum cacheable length
+    family: str  # a ``policies.provider_limits`` cache family
+    model: str = ""  # the minimums of some families depend on the model
 
     def cached(self, stable_tokens: int) -> int:
-        if self.kind == "anthropic":
-            return stable_tokens if stable_tokens >= self.minimum else 0
-        return openai_cached_tokens(stable_tokens)
+        return cached_tokens(self.family, self.model, stable_tokens)
 
 
 History = dict[str, list[PrefixFingerprints]]

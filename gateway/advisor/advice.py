@@ -2,10 +2,11 @@
 
 Everything here is an estimate, and the answer says so:
 
-- Prices are list prices in USD per million input tokens (the figures of
-  ``bench/cache_hit.py``'s ``PRICES``: gpt-4.1 for OpenAI-rule routes, claude-sonnet-4 for
-  Anthropic ones), not the tenant's bill; Anthropic's cache writes (1.25x) are left out, so
-  its savings are an upper bound. Pass other ``prices`` to ``tenant_advice`` to change them.
+- Prices are list prices in USD per million input tokens, one model per cache family (the
+  figures of ``bench/cache_hit.py``'s ``PRICES``: gpt-4.1 for OpenAI-rule routes,
+  claude-sonnet-4 for Anthropic ones; the others named in ``PRICES``), not the tenant's
+  bill; Anthropic's cache writes (1.25x) are left out, so its savings are an upper bound.
+  Pass other ``prices`` to ``tenant_advice`` to change them.
 - TTFT saved assumes ``PREFILL_MS_PER_TOKEN`` ms of prefill per prompt token no longer
   computed: vLLM's prefix-caching figure in ``docs/ttft-techniques.md`` of the shared docs
   (a 10k-token prompt on a 32B model, 4.3 s cold and 0.6 s cached: 3.7 s / 10,000 tokens).
@@ -24,6 +25,11 @@ from .variants import ALL_OPT_INS, OBSERVED, OPT_INS, VARIANTS
 PRICES: dict[str, dict[str, float]] = {
     "openai": {"input": 2.00, "cached": 0.50},  # gpt-4.1
     "anthropic": {"input": 3.00, "cached": 0.30},  # claude-sonnet-4, cache read
+    "deepseek": {"input": 0.28, "cached": 0.028},  # deepseek-chat, cache miss / hit
+    "moonshot": {"input": 0.60, "cached": 0.15},  # kimi-k2
+    "gemini": {"input": 0.30, "cached": 0.03},  # gemini-2.5-flash, implicit cache
+    "bedrock_converse": {"input": 0.80, "cached": 0.20},  # amazon.nova-pro
+    "local": {"input": 0.0, "cached": 0.0},  # the bundled engine: no bill
 }
 PREFILL_MS_PER_TOKEN = 0.37
 MIN_GAIN_POINTS = 1.0  # below this a variant is "no gain"
@@ -33,8 +39,14 @@ TOTALS_FAMILY = ""  # a tenant's every request, evaluated or not (not a prefix f
 
 
 def _route_kind(fields: Mapping[str, int]) -> str:
-    openai, anthropic = fields.get("route:openai", 0), fields.get("route:anthropic", 0)
-    return "anthropic" if anthropic > openai else "openai"
+    """The cache family most of a family's requests went to (openai on a tie or none)."""
+    counts = {
+        name.removeprefix("route:"): count
+        for name, count in fields.items()
+        if name.startswith("route:") and count
+    }
+    best = max(counts, key=lambda name: (counts[name], name == "openai"), default="openai")
+    return best
 
 
 def _share(fields: Mapping[str, int], variant: str) -> float | None:
@@ -113,7 +125,7 @@ def family_advice(
 ) -> dict:
     """One family's figures; ``scale`` is all requests over evaluated ones (sampling)."""
     kind = _route_kind(fields)
-    price = prices[kind]
+    price = prices.get(kind) or prices["openai"]
     variants = {name: _variant(fields, name, window_s, price, scale) for name in VARIANTS}
     observed = _share(fields, OBSERVED)
     breaks = {

@@ -111,7 +111,7 @@ class CacheAdvisor:
         blob: bytes | None, current: dict[str, PrefixFingerprints], route: RouteGuess
     ) -> tuple[dict[str, int], bytes]:
         """Compare with the family's history: counter deltas and the new history blob."""
-        rules = CacheRules(route.kind, route.anthropic_minimum)
+        rules = CacheRules(route.kind, route.model)
         fields, history = evaluate(decode_history(blob), current, rules)
         fields.update({"requests": 1, f"route:{route.kind}": 1})
         fields["prompt"] = current[OBSERVED].total_tokens

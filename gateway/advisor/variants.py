@@ -15,7 +15,7 @@ from policies import PolicyChain, PolicyContext, PolicyResult, build_chain, pref
 from policies.chain import bounded_cache_key
 from policies.config import PolicyOptions
 from policies.diagnostics import PrefixFingerprints
-from policies.provider_limits import anthropic_min_tokens
+from policies.provider_limits import CACHE_FAMILIES
 
 # opt-in option name (as in FIRSTTOKEN_<name>) -> (policy, field of its options)
 OPT_INS: dict[str, tuple[str, str]] = {
@@ -47,17 +47,14 @@ def variant_options(base: PolicyOptions, variant: str) -> PolicyOptions:
 class RouteGuess:
     """What the advisor knows of the route: ``report_headers`` gets the chain's result only.
 
-    ``kind`` is read from what ``cache_hints`` did (a ``prompt_cache_key``: openai; breakpoints:
-    anthropic), else from the endpoint (Messages: anthropic, else openai rules); ``model`` is
-    the model name in the body, which is the client's (an alias may hide the upstream's)."""
+    ``kind`` is the route's cache family (``policies.provider_limits``), as ``cache_hints``
+    noted it; without that policy it is guessed from the endpoint (Messages: anthropic, else
+    openai rules). ``model`` is the model name in the body, which is the client's (an alias
+    may hide the upstream's)."""
 
     kind: str
     endpoint: str
     model: str
-
-    @property
-    def anthropic_minimum(self) -> int:
-        return anthropic_min_tokens(self.model)
 
 
 def guess_route(result: PolicyResult) -> RouteGuess:
@@ -66,7 +63,10 @@ def guess_route(result: PolicyResult) -> RouteGuess:
     endpoint = ("responses" if "input" in original else "messages") if native else "chat"
     hints = result.notes.get("cache_hints") or {}
     view = result.view if result.view is not None else result.body
-    if "prompt_cache_key" in hints:
+    family = hints.get("family")
+    if isinstance(family, str) and family in CACHE_FAMILIES:
+        kind = family
+    elif "prompt_cache_key" in hints:
         kind = "openai"
     elif "breakpoints" in hints or "client_breakpoints" in hints:
         kind = "anthropic"
@@ -104,7 +104,9 @@ class ShadowChains:
         view = result.original_view if result.original_view is not None else result.original
         if view is None:
             raise ValueError("the policy result holds no original body")
-        ctx = PolicyContext(route.endpoint, route.kind, route.model, tenant)
+        ctx = PolicyContext(
+            route.endpoint, route.kind, route.model, tenant, cache_family=route.kind
+        )
         out = {OBSERVED: observed}
         seen: dict[PolicyOptions, tuple[PrefixFingerprints, dict]] = {
             self.base: (observed, result.view if result.view is not None else view)

@@ -56,7 +56,13 @@ def prepare_body(
 ) -> PreparedBody:
     """`body` as `route`'s upstream gets it. The same in every place it runs."""
     upstream_model = route.upstream_model(model)
-    ctx = PolicyContext(endpoint=api, route_kind=route.kind, model=upstream_model, tenant=tenant)
+    ctx = PolicyContext(
+        endpoint=api,
+        route_kind=route.kind,
+        model=upstream_model,
+        tenant=tenant,
+        base_url=route.base_url,
+    )
     result = runner.apply(names, body, ctx)
     out = dict(result.body if result is not None else body)
     out["model"] = upstream_model

@@ -72,7 +72,7 @@ def test_anthropic_respects_model_minimum_and_client_markers():
     }
     result = run(client, ANTHROPIC)
     assert markers(result.body) == [("messages[1]", {"type": "ephemeral"})]
-    assert result.notes["cache_hints"] == {"client_breakpoints": True}
+    assert result.notes["cache_hints"] == {"family": "anthropic", "client_breakpoints": True}
 
 
 def test_anthropic_breakpoint_skips_the_volatile_note():

@@ -314,7 +314,7 @@ def test_cache_hints_none_when_the_client_set_any(place):
         ]
     result = run(body, MESSAGES, names=("cache_hints",))
     assert dumps(result.body) == dumps(body)
-    assert result.notes["cache_hints"] == {"client_breakpoints": True}
+    assert result.notes["cache_hints"] == {"family": "anthropic", "client_breakpoints": True}
 
 
 def test_prompt_cache_key_on_responses_and_client_key_honoured():
