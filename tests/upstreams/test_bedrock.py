@@ -414,3 +414,20 @@ def test_region_is_required_and_checked():
         Route(name="b", models=["*"], kind="bedrock")
     with pytest.raises(ValueError, match="region"):
         Route(name="b", models=["*"], kind="bedrock", region="us-east-1.evil.com/")
+
+
+def test_cache_hints_put_breakpoints_on_claude_and_cache_points_on_converse(bedrock, make_gateway):
+    gw = make_gateway([bedrock_route(bedrock)])
+    client = chat_client(gw)
+    system = " ".join(["You answer questions about the weather of European cities."] * 250)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Paris?"}]
+    client.chat.completions.create(model=CLAUDE, messages=messages)
+    claude = last(bedrock)["body"]
+    assert claude["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    client.chat.completions.create(model=NOVA, messages=messages)
+    converse = last(bedrock)["body"]
+    assert converse["system"] == [{"text": system}, {"cachePoint": {"type": "default"}}]
+    assert {"cachePoint": {"type": "default"}} in converse["messages"][-1]["content"]
+    client.chat.completions.create(model="amazon.titan-text-premier-v1:0", messages=messages)
+    plain = last(bedrock)["body"]  # a model without prompt caching gets no cache point
+    assert plain["system"] == [{"text": system}]
