@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime, timedelta
 
 import anthropic
 import botocore.session
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
 from bench.mock_openai import ThreadedServer
 from tests.support import mock_bedrock
@@ -431,3 +433,64 @@ def test_cache_hints_put_breakpoints_on_claude_and_cache_points_on_converse(bedr
     client.chat.completions.create(model="amazon.titan-text-premier-v1:0", messages=messages)
     plain = last(bedrock)["body"]  # a model without prompt caching gets no cache point
     assert plain["system"] == [{"text": system}]
+
+
+def test_responses_door_goes_through_the_chat_path(bedrock, make_gateway):
+    gw = make_gateway([bedrock_route(bedrock)])
+    answer = chat_client(gw).responses.create(model=NOVA, input="Hi")
+    assert answer.output_text == "Hello from Nova"
+    assert answer.usage.input_tokens_details.cached_tokens == CACHE_READ
+    assert last(bedrock)["action"] == "converse"
+
+
+class ContainerCredentials:
+    """The ECS/EKS container-credentials endpoint: temporary credentials expiring in five
+    minutes, so botocore asks for a refresh on every use."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.app = web.Application()
+        self.app.router.add_get("/creds", self.creds)
+
+    async def creds(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        expires = datetime.now(UTC) + timedelta(minutes=5)
+        return web.json_response(
+            {
+                "AccessKeyId": mock_bedrock.ACCESS_KEY,
+                "SecretAccessKey": mock_bedrock.SECRET_KEY,
+                "Token": mock_bedrock.SESSION_TOKEN,
+                "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+
+
+def test_container_role_credentials_are_fetched_and_refreshed(bedrock, make_gateway, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name)
+    with ThreadedServer(ContainerCredentials()) as endpoint:
+        monkeypatch.setenv(
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI", f"http://127.0.0.1:{endpoint.port}/creds"
+        )
+        gw = make_gateway([bedrock_route(bedrock)])
+        client = chat_client(gw)
+        for _ in range(2):
+            answer = client.chat.completions.create(
+                model=NOVA, messages=[{"role": "user", "content": "Hi"}]
+            )
+            assert answer.choices[0].message.content == "Hello from Nova"
+            assert last(bedrock)["verified"]
+        calls_after_requests = endpoint.mock.calls
+        assert calls_after_requests >= 2  # fetched at start, and refreshed since
+
+
+def test_messages_door_adds_breakpoints_to_a_bedrock_claude_body(bedrock, make_gateway):
+    gw = make_gateway([bedrock_route(bedrock)])
+    client = anthropic.Anthropic(base_url=gw.url, api_key="client-key", max_retries=0, timeout=20)
+    system = " ".join(["You answer questions about the weather of European cities."] * 250)
+    client.messages.create(
+        model=CLAUDE, max_tokens=16, system=system, messages=[{"role": "user", "content": "Hi"}]
+    )
+    body = last(bedrock)["body"]
+    assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "model" not in body and body["anthropic_version"] == "bedrock-2023-05-31"
