@@ -102,7 +102,7 @@ class Route(BaseModel):
             self._check_replicas()
         elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
-        if self.kind == "bedrock" or self.region is not None:
+        if self.kind == "bedrock":
             self._check_bedrock()
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
@@ -123,15 +123,11 @@ class Route(BaseModel):
         return self
 
     def _check_bedrock(self) -> None:
-        if self.kind != "bedrock":
-            raise ValueError(f"route {self.name!r}: region applies to bedrock routes only")
         if self.region is None or not AWS_REGION.fullmatch(self.region):
             raise ValueError(
                 f"route {self.name!r}: kind 'bedrock' needs region, an AWS region such as "
                 "'us-east-1'"
             )
-        if self.replicas or self.pd is not None:
-            raise ValueError(f"route {self.name!r}: replicas and pd apply to openai routes only")
         if importlib.util.find_spec("botocore") is None:
             raise ValueError(
                 f"route {self.name!r}: bedrock routes need botocore; "

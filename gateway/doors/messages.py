@@ -254,7 +254,7 @@ class MessagesExchange:
             raise GatewayError(exc.status, exc.message) from None
         if isinstance(answer, MessagesSSE):
             try:
-                await relay.events((), answer.chunks())
+                await relay.events(answer.raw_headers, answer.chunks())
             finally:
                 answer.close()
         else:

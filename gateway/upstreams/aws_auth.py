@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import botocore.session
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
+
+log = logging.getLogger("firsttoken.upstream")
 
 SIGNING_NAME = "bedrock"  # the service model's `signingName` (its endpoint prefix differs)
 # Fewer seconds than this left on refreshable credentials: a request waits for the refresh.
@@ -48,20 +51,21 @@ class AwsSigner:
     runs on a thread, one at a time; requests meanwhile sign with the credentials still valid,
     and wait only when botocore says they must not be used any more."""
 
-    def __init__(self, region: str, profile: str | None = None) -> None:
+    def __init__(self, region: str) -> None:
         quiet_botocore()
         self.region = region
-        self._profile = profile
-        self._credentials: object | None = None
+        # botocore's Credentials or RefreshableCredentials (untyped library)
+        self._credentials: Any = None
         self._frozen: ReadOnlyCredentials | None = None
         self._refresh: asyncio.Task[ReadOnlyCredentials] | None = None
 
     async def start(self) -> None:
         self._credentials = await asyncio.to_thread(self._resolve)
-        self._frozen = await asyncio.to_thread(self._credentials.get_frozen_credentials)  # type: ignore[attr-defined]
+        self._frozen = await asyncio.to_thread(self._credentials.get_frozen_credentials)
 
-    def _resolve(self) -> object:
-        session = botocore.session.Session(profile=self._profile)
+    def _resolve(self) -> Any:
+        """botocore's chain, as the AWS CLI walks it (AWS_PROFILE chooses the profile)."""
+        session = botocore.session.Session()
         credentials = session.get_credentials()
         if credentials is None:
             raise NoAwsCredentials(
@@ -80,7 +84,7 @@ class AwsSigner:
             return frozen
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.ensure_future(
-                asyncio.to_thread(credentials.get_frozen_credentials)  # type: ignore[attr-defined]
+                asyncio.to_thread(credentials.get_frozen_credentials)
             )
             self._refresh.add_done_callback(self._refreshed)
         if needs(MUST_REFRESH_S):
@@ -88,8 +92,13 @@ class AwsSigner:
         return frozen
 
     def _refreshed(self, task: asyncio.Task[ReadOnlyCredentials]) -> None:
-        if not task.cancelled() and task.exception() is None:
+        if task.cancelled():
+            return
+        failure = task.exception()
+        if failure is None:
             self._frozen = task.result()
+        else:  # the credentials held stay in use; the next request asks again
+            log.warning("refreshing the AWS credentials failed: %s", type(failure).__name__)
 
     async def sign(self, url: str, body: bytes, headers: Mapping[str, str]) -> dict[str, str]:
         """`headers` plus X-Amz-Date, X-Amz-Security-Token (with a session token) and the

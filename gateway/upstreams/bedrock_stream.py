@@ -6,8 +6,9 @@ The body is AWS event-stream framing (`aws_eventstream`). InvokeModel sends `chu
 name. Either way an `exception` message (throttling, validation, a model stream error) ends the
 answer: before any content it is raised as the `UpstreamError` it maps to, so the proxy may
 retry and the client gets its status (a throttle is a 429); after content it is an in-stream
-error event. `open` reads up to the first content for that reason: the status line waits for
-the first token, never for the whole answer.
+error event. `open` reads up to the first content for that reason (a failure in the read that
+brought it still counts as before: nothing went out), so the status line waits for the first
+token, never for the whole answer.
 """
 
 from __future__ import annotations
@@ -206,8 +207,7 @@ class BedrockEventStream:
 
     def _fail(self, error: UpstreamError, before_content: bool) -> list[OutEvent]:
         self._done = True
-        seen = any(event.content for event in self._first)
-        if before_content and not seen:
+        if before_content:  # nothing went out yet: the proxy may retry, the client gets a status
             raise error
         payload = orjson.loads(error.body) if error.body else error_body(error.message)
         return [OutEvent(encode_data(payload), error=True, chunk=payload)]
@@ -223,6 +223,12 @@ class MessagesSSE:
     def __init__(self, reader: MessageReader, route: str) -> None:
         self._reader = reader
         self._route = route
+        # Bedrock's request id under the name the relay passes on (`x-request-id`)
+        self.raw_headers = tuple(
+            (b"x-request-id", value)
+            for name, value in reader.resp.raw_headers
+            if name.lower() == b"x-amzn-requestid"
+        )[:1]
         self._first: list[bytes] = []
         self._done = False
         self._content = False
@@ -272,7 +278,7 @@ class MessagesSSE:
 
     def _fail(self, error: UpstreamError, before_content: bool) -> list[bytes]:
         self._done = True
-        if before_content and not self._content:
+        if before_content:  # nothing went out yet: the door answers with the error's status
             raise error
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
         body = {"type": "error", "error": {"type": kind, "message": error.message}}

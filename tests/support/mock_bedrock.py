@@ -11,9 +11,11 @@ timestamp of its X-Amz-Date) and compared with its Authorization.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import struct
+import threading
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -105,7 +107,8 @@ class Script:
 
     http_errors: list[tuple[int, str, str]] = field(default_factory=list)  # status, type, message
     stream_exceptions: list[str] = field(default_factory=list)  # thrown before the first frame
-    late_exception: str | None = None  # thrown after the first text delta
+    late_exception: str | None = None  # thrown after the first text delta, once `late_gate`
+    late_gate: threading.Event | None = None  # is set (the client has seen that delta)
     retry_after: str | None = None
 
 
@@ -181,6 +184,9 @@ class MockBedrock:
             else:
                 await resp.write(data)
             if late and index == 2:
+                gate = self.script.late_gate
+                if gate is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, gate.wait, 10)
                 await resp.write(exception(late, "The model stream failed."))
                 break
         await resp.write_eof()

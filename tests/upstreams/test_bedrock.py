@@ -243,36 +243,32 @@ def test_throttle_retried_once_then_the_answer_streams(bedrock, make_gateway):
 
 
 def test_exception_after_content_is_an_in_stream_error(bedrock, make_gateway):
+    import httpx
+
     gw = make_gateway([bedrock_route(bedrock)])
+    seen_content = threading.Event()
     bedrock.mock.script.late_exception = "modelStreamErrorException"
-    with httpx_stream(
-        gw, {"model": NOVA, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
-    ) as lines:
-        payloads = [line[6:] for line in lines if line.startswith("data: ")]
-    assert orjson.loads(payloads[1])["choices"][0]["delta"]["content"] == "Hello"
+    bedrock.mock.script.late_gate = seen_content  # thrown only once the client has content
+    body = {"model": NOVA, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    payloads = []
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=body,
+        timeout=20,
+        headers={"authorization": "Bearer client-key"},
+    ) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                payloads.append(line[6:])
+                if '"Hello"' in line:
+                    seen_content.set()
+    assert seen_content.is_set()
     error = orjson.loads(payloads[-2])["error"]
     assert "modelStreamErrorException" in error["message"]
     assert payloads[-1] == "[DONE]"
-
-
-def httpx_stream(gw, body: dict):
-    import contextlib
-
-    import httpx
-
-    @contextlib.contextmanager
-    def lines():
-        with httpx.stream(
-            "POST",
-            gw.url + "/v1/chat/completions",
-            json=body,
-            timeout=20,
-            headers={"authorization": "Bearer client-key"},
-        ) as resp:
-            assert resp.status_code == 200
-            yield list(resp.iter_lines())
-
-    return lines()
+    assert len(bedrock.mock.requests) == 1  # never retried once content went out
 
 
 @pytest.mark.parametrize(
@@ -360,6 +356,7 @@ def test_anthropic_sdk_on_messages_for_a_bedrock_claude_model(bedrock, make_gate
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
+        assert stream.response.headers["request-id"] == "req-bedrock-1"
     assert text == "Hello from Bedrock"
     assert final.usage.cache_read_input_tokens == CACHE_READ and final.stop_reason == "end_turn"
     assert last(bedrock)["action"] == "invoke-with-response-stream"
@@ -396,17 +393,18 @@ def test_no_credential_in_logs_error_bodies_or_metrics(bedrock, make_gateway, ca
         assert not any(secret in text for text in seen)
 
 
-def test_a_bedrock_route_without_botocore_names_the_extra(monkeypatch):
+def test_a_bedrock_route_without_botocore_is_a_start_up_error_naming_the_extra(monkeypatch):
     import importlib.util
 
-    from gateway.config.routes import Route
+    from gateway.config.settings import SettingsError, load_settings
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else real(name, *a)
     )
-    with pytest.raises(ValueError, match=r"firsttoken\[bedrock\]"):
-        Route(name="b", models=["*"], kind="bedrock", region="us-east-1")
+    routes = [{"name": "b", "models": ["*"], "kind": "bedrock", "region": "us-east-1"}]
+    with pytest.raises(SettingsError, match=r"pip install 'firsttoken\[bedrock\]'"):
+        load_settings(environ={"FIRSTTOKEN_ROUTES": orjson.dumps(routes).decode()})
 
 
 def test_region_is_required_and_checked():
@@ -494,3 +492,19 @@ def test_messages_door_adds_breakpoints_to_a_bedrock_claude_body(bedrock, make_g
     body = last(bedrock)["body"]
     assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
     assert "model" not in body and body["anthropic_version"] == "bedrock-2023-05-31"
+
+
+def test_a_gateway_without_bedrock_routes_never_imports_botocore():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gateway.app import create_app; from gateway.config.settings import "
+        "load_settings; create_app(load_settings(environ={'FIRSTTOKEN_ROUTES': "
+        '\'[{"name": "o", "models": ["*"], "kind": "openai", '
+        '"base_url": "http://127.0.0.1:9/v1"}]\'})); '
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'boto3')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
