@@ -3,12 +3,14 @@ so that an application holding the `anthropic` SDK points its `base_url` at the 
 
 The request is routed by its `model` like chat's:
 
-- to an `anthropic` route it goes in Anthropic's own format, through the route's policies
+- to an `anthropic` route, or a Claude model on a `bedrock` route (`speaks_messages`), it goes
+  in Anthropic's own format, through the route's policies
   applied to the Messages shape (`cache_hints` adds breakpoints only where the client set none),
   else byte for byte unless the route's `model_map` renames the model, so the client's
   `cache_control` and everything else it sent arrive as sent;
-- to an `openai` or `local` route it is translated to chat (`gateway.translation`) and served by
-  the chat path (policies, retries, fallbacks, TTFT), the answer translated back as it streams;
+- to any other route (`openai`, `local`, a non-Claude model on `bedrock`) it is translated to
+  chat (`gateway.translation`) and served by the chat path (policies, retries, fallbacks,
+  TTFT), the answer translated back as it streams;
   `count_tokens` there is an estimate that says so (`x-firsttoken-estimate`).
 
 The exchange with an `anthropic` route keeps the guarantees of the chat path:
@@ -23,8 +25,12 @@ The exchange with an `anthropic` route keeps the guarantees of the chat path:
 - the answer is relayed within limits, in Anthropic's shapes (`messages_relay`);
 - each `messages` request is recorded in telemetry once, with its TTFT and usage.
 
-Not done on `anthropic` routes: retries and fallbacks (a failure is the client's to retry, as
-Anthropic's SDK does by itself).
+On a `bedrock` route the exchange is the same, with the route's SigV4-signed InvokeModel in
+place of `forward` (`BedrockUpstream.messages`): Bedrock's event stream is re-framed as
+Anthropic's SSE, event by event, and a throttle before the first content is a 429.
+
+Not done on `anthropic` and `bedrock` routes: retries and fallbacks (a failure is the client's
+to retry, as Anthropic's SDK does by itself).
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.bedrock import BedrockUpstream
 from gateway.upstreams.bedrock_stream import MessagesSSE
-from gateway.upstreams.bedrock_wire import is_anthropic_model
+from gateway.upstreams.bedrock_wire import is_anthropic_model as is_bedrock_claude
 from gateway.upstreams.registry import Upstreams
 from policies.tokens import count_request_tokens
 
@@ -119,12 +125,14 @@ class MessagesDoor:
 
 
 def speaks_messages(route: Route, model: str, count: bool = False) -> bool:
-    """Whether the route takes Messages bodies natively: an `anthropic` route, or a `bedrock`
-    route for a Claude model (InvokeModel takes Anthropic's body; count_tokens there is the
-    translated path's estimate)."""
+    """Whether the route takes Messages bodies natively: an `anthropic` route, or a Claude model
+    on a `bedrock` route (InvokeModel takes Anthropic's body; its upstream moves the model into
+    the URL and sets Bedrock's version). `count_tokens` on Bedrock is the translated estimate."""
+    if route.kind == "anthropic":
+        return True
     if route.kind == "bedrock":
-        return not count and is_anthropic_model(route.upstream_model(model))
-    return route.kind == "anthropic"
+        return not count and is_bedrock_claude(route.upstream_model(model))
+    return False
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:
