@@ -508,3 +508,17 @@ def test_a_gateway_without_bedrock_routes_never_imports_botocore():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_no_credentials_fails_the_route_not_the_gateway(bedrock, make_gateway, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name)
+    gw = make_gateway([bedrock_route(bedrock)])
+    with pytest.raises(openai.APIStatusError) as caught:
+        chat_client(gw).chat.completions.create(
+            model=NOVA, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert caught.value.status_code == 503
+    assert "NoAwsCredentials" in caught.value.message
+    assert gw.runtime.upstreams.states()["bedrock"] == "failed: NoAwsCredentials"
+    assert bedrock.mock.requests == []
