@@ -9,6 +9,7 @@ list (`gateway.config.settings`); a route's key is read with the settings, never
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import re
 from collections.abc import Container, Sequence
 from typing import Literal
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import FAMILIES
 
-RouteKind = Literal["openai", "anthropic", "local", "gemini", "vertex"]
+RouteKind = Literal["openai", "anthropic", "local", "gemini", "vertex", "bedrock"]
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
@@ -26,6 +27,8 @@ MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
 GOOGLE_CREDENTIALS_VARIABLE = "GOOGLE_APPLICATION_CREDENTIALS"  # google-auth's ADC file
 GCP_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 GCP_REGION = re.compile(r"[a-z]+(-[a-z]+[0-9]+)?")
+# bedrock only: an AWS region name; it becomes part of a host name, so nothing else may pass.
+AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 
 
 BalanceMode = Literal["prefix_affinity", "least_loaded", "round_robin"]
@@ -92,8 +95,10 @@ class Route(BaseModel):
     hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)
     # openai only: prefill and decode servers (vLLM P/D pools, `firsttoken engine --role`)
     pd: PDPools | None = None
-    # vertex only: the Google Cloud project and region (`global` for the global endpoint)
+    # vertex only: the Google Cloud project
     project: str | None = None
+    # vertex: the Google Cloud region (`global` for the global endpoint); bedrock: the AWS
+    # region (base_url default: https://bedrock-runtime.{region}.amazonaws.com)
     region: str | None = None
 
     @model_validator(mode="after")
@@ -105,6 +110,8 @@ class Route(BaseModel):
         elif self.kind in ("openai", "anthropic") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
         self._check_google()
+        if self.kind == "bedrock":
+            self._check_bedrock()
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
@@ -125,10 +132,12 @@ class Route(BaseModel):
 
     def _check_google(self) -> None:
         """A vertex route names its project and region, each a plain URL segment; no other
-        kind takes them."""
+        kind takes a project, and only bedrock (checked apart) a region."""
         if self.kind != "vertex":
-            if self.project is not None or self.region is not None:
-                raise ValueError(f"route {self.name!r}: project and region apply to vertex only")
+            if self.project is not None:
+                raise ValueError(f"route {self.name!r}: project applies to vertex only")
+            if self.region is not None and self.kind != "bedrock":
+                raise ValueError(f"route {self.name!r}: region applies to vertex and bedrock only")
             return
         if self.project is None or not GCP_PROJECT.fullmatch(self.project):
             raise ValueError(
@@ -138,6 +147,18 @@ class Route(BaseModel):
         if self.region is None or len(self.region) > 40 or not GCP_REGION.fullmatch(self.region):
             raise ValueError(
                 f"route {self.name!r}: a vertex route needs 'region', e.g. 'us-east5' or 'global'"
+            )
+
+    def _check_bedrock(self) -> None:
+        if self.region is None or not AWS_REGION.fullmatch(self.region):
+            raise ValueError(
+                f"route {self.name!r}: kind 'bedrock' needs region, an AWS region such as "
+                "'us-east-1'"
+            )
+        if importlib.util.find_spec("botocore") is None:
+            raise ValueError(
+                f"route {self.name!r}: bedrock routes need botocore; "
+                "install it with: pip install 'firsttoken[bedrock]'"
             )
 
     def _check_replicas(self) -> None:

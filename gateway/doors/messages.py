@@ -3,13 +3,14 @@ so that an application holding the `anthropic` SDK points its `base_url` at the 
 
 The request is routed by its `model` like chat's:
 
-- to an `anthropic` route, or a Claude model on a `vertex` route (`speaks_messages`), it goes
+- to an `anthropic` route, or a Claude model on a `vertex` or `bedrock` route
+  (`speaks_messages`), it goes
   in Anthropic's own format, through the route's policies
   applied to the Messages shape (`cache_hints` adds breakpoints only where the client set none),
   else byte for byte unless the route's `model_map` renames the model, so the client's
   `cache_control` and everything else it sent arrive as sent;
-- to any other route (`openai`, `local`, `gemini`, a Gemini model on `vertex`) it is
-  translated to chat (`gateway.translation`) and served by
+- to any other route (`openai`, `local`, `gemini`, a Gemini model on `vertex`, a non-Claude
+  model on `bedrock`) it is translated to chat (`gateway.translation`) and served by
   the chat path (policies, retries, fallbacks, TTFT), the answer translated back as it streams;
   `count_tokens` there is an estimate that says so (`x-firsttoken-estimate`).
 
@@ -25,8 +26,12 @@ The exchange with an `anthropic` route keeps the guarantees of the chat path:
 - the answer is relayed within limits, in Anthropic's shapes (`messages_relay`);
 - each `messages` request is recorded in telemetry once, with its TTFT and usage.
 
-Not done on `anthropic` routes: retries and fallbacks (a failure is the client's to retry, as
-Anthropic's SDK does by itself).
+On a `bedrock` route the exchange is the same, with the route's SigV4-signed InvokeModel in
+place of `forward` (`BedrockUpstream.messages`): Bedrock's event stream is re-framed as
+Anthropic's SSE, event by event, and a throttle before the first content is a 429.
+
+Not done on `anthropic` and `bedrock` routes: retries and fallbacks (a failure is the client's
+to retry, as Anthropic's SDK does by itself).
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ from gateway.telemetry.record import RequestRecord
 from gateway.translation.messages_chat import anthropic_error_type, messages_request_to_chat
 from gateway.upstreams.anthropic import ANTHROPIC_VERSION
 from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.bedrock import BedrockUpstream
+from gateway.upstreams.bedrock_stream import MessagesSSE
+from gateway.upstreams.bedrock_wire import is_anthropic_model as is_bedrock_claude
 from gateway.upstreams.registry import Upstreams
 from gateway.upstreams.vertex import is_anthropic_model
 from policies.tokens import count_request_tokens
@@ -90,7 +98,7 @@ class MessagesDoor:
         try:
             await self.admission.admit(admitted, parse_count_tokens if count else parse_messages)
             route = admitted.route
-            if not speaks_messages(route, admitted.model):
+            if not speaks_messages(route, admitted.model, count):
                 return await self._translated(admitted, path)
             record = self.pipeline.record_for(admitted)
             record.api = "messages"
@@ -118,12 +126,17 @@ class MessagesDoor:
         return await self.pipeline.serve(admitted, translated.body, answer)
 
 
-def speaks_messages(route: Route, model: str) -> bool:
+def speaks_messages(route: Route, model: str, count: bool = False) -> bool:
     """Whether the route takes Messages bodies natively: an `anthropic` route, or a Claude model
-    on a `vertex` route (its upstream adjusts the body: model in the URL, Vertex's version)."""
+    on a `vertex` or `bedrock` route (its upstream adjusts the body: model in the URL, the
+    platform's version). `count_tokens` on Bedrock is the translated estimate."""
     if route.kind == "anthropic":
         return True
-    return route.kind == "vertex" and is_anthropic_model(route.upstream_model(model))
+    if route.kind == "vertex":
+        return is_anthropic_model(route.upstream_model(model))
+    if route.kind == "bedrock":
+        return not count and is_bedrock_claude(route.upstream_model(model))
+    return False
 
 
 def anthropic_error(exc: GatewayError, request_id: str) -> Response:
@@ -227,6 +240,9 @@ class MessagesExchange:
         try:
             async with asyncio.timeout(timeout):
                 self.record.upstream_sent = time.perf_counter()
+                if isinstance(upstream, BedrockUpstream):
+                    await self._bedrock(upstream, headers, data, stream)
+                    return
                 try:
                     resp = await upstream.forward("POST", self.path, headers, data)
                 except UpstreamError as exc:
@@ -237,6 +253,24 @@ class MessagesExchange:
             raise GatewayError(
                 504, f"Upstream {route.name!r} did not answer within {timeout}s."
             ) from None
+
+    async def _bedrock(
+        self, upstream: BedrockUpstream, headers: dict[str, str], data: bytes, stream: bool
+    ) -> None:
+        """InvokeModel with the Messages body; its event stream goes out as Anthropic SSE."""
+        assert self.relay is not None
+        relay = self.relay
+        try:
+            answer = await upstream.messages(data, headers, stream)
+        except UpstreamError as exc:
+            raise GatewayError(exc.status, exc.message) from None
+        if isinstance(answer, MessagesSSE):
+            try:
+                await relay.events(answer.raw_headers, answer.chunks())
+            finally:
+                answer.close()
+        else:
+            await relay_answer(answer, lambda r: relay.answer(r, False))
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         level = logging.INFO if 400 <= exc.status < 500 else logging.WARNING

@@ -14,6 +14,7 @@ Every error on this door has Anthropic's shape (`{"type": "error", "error": {"ty
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterable
 
 import aiohttp
 import orjson
@@ -190,13 +191,19 @@ class MessagesRelay:
         return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def _events(self, resp: aiohttp.ClientResponse) -> None:
-        """Whole events as they complete, each write the moment its read came in."""
-        headers = answer_headers(resp.raw_headers, self.request_id)
+        await self.events(resp.raw_headers, resp.content.iter_any())
+
+    async def events(
+        self, raw_headers: tuple[tuple[bytes, bytes], ...], body: AsyncIterable[bytes]
+    ) -> None:
+        """Whole events as they complete, each write the moment its read came in. `body`: the
+        upstream's SSE bytes (a `bedrock` route's are re-framed from AWS event-stream)."""
+        headers = answer_headers(raw_headers, self.request_id)
         await self.start(200, [*SSE_RAW_HEADERS, *headers, *await self._policy_headers()])
         self.streaming = True
         limit = self.settings.max_event_bytes
         try:
-            async for read in read_events(resp.content.iter_any(), limit):
+            async for read in read_events(body, limit):
                 if await self._forward(read.events, read.arrived):
                     return
                 if read.too_big:
