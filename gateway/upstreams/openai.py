@@ -1,7 +1,9 @@
 """The `openai` upstream kind: any OpenAI-compatible server.
 
-Event bytes go to the client exactly as received. The HTTP side (pooled session, limits, no
-redirects) is `UpstreamHttp`'s; this module knows the OpenAI paths and answer shapes.
+Event bytes go to the client exactly as received, but for the usage event (and a completion's
+usage) of a provider that reports cached tokens in its own field (`gateway.telemetry.usage`).
+The HTTP side (pooled session, limits, no redirects) is `UpstreamHttp`'s; this module knows
+the OpenAI paths and answer shapes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 
 from gateway.config.routes import Route
 from gateway.paths import PassPath
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES, DONE_DATA, EventTooLarge, SSEEvent, SSEParser
+from gateway.telemetry.usage import with_chat_usage
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -65,6 +69,9 @@ class OpenAIUpstream(RemoteUpstream):
         http.expect(resp, stream=False)
         raw = await http.read_body(resp)
         parsed = json_object_body(raw, self.route.name)
+        fixed = with_chat_usage(parsed)
+        if fixed is not None:  # cached tokens in a provider's own field: in OpenAI's too
+            parsed, raw = fixed, orjson.dumps(fixed)
         return Completed(
             resp.status,
             raw,
