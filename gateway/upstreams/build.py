@@ -62,6 +62,10 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
         from gateway.upstreams.replicas.fleet import ReplicatedUpstream
 
         return ReplicatedUpstream(route, [one_server(r) for r in route.replicas])
+    if route.kind == "azure":
+        from gateway.upstreams.azure import AzureUpstream
+
+        return AzureUpstream(route, api_key=settings.route_api_key(route), **options)
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
     return kind(route, api_key=settings.route_api_key(route), **options)
 

@@ -42,9 +42,15 @@ class OpenAIUpstream(RemoteUpstream):
 
     def __init__(self, route: Route, *, api_key: str | None, **options: Any) -> None:
         """`options`: those of `RemoteUpstream` (pool size, timeouts, byte limits)."""
-        super().__init__(
-            route, {"authorization": f"Bearer {api_key}"} if api_key else {}, **options
-        )
+        super().__init__(route, self.auth_headers(api_key), **options)
+
+    @staticmethod
+    def auth_headers(api_key: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def endpoint_path(self, endpoint: str, ctx: CallContext) -> str:
+        """The path (after the base URL, query included) a chat or completions request goes to."""
+        return ENDPOINT_PATHS[endpoint]
 
     async def model_cards(self) -> list[ModelCard]:
         return [
@@ -59,13 +65,15 @@ class OpenAIUpstream(RemoteUpstream):
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> OpenAIEventStream:
         http = self.http
-        resp = await http.post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx.forward_headers)
+        path = self.endpoint_path(ctx.endpoint, ctx)
+        resp = await http.post(path, encode_body(body), ctx.forward_headers)
         http.expect(resp, stream=True)
         return OpenAIEventStream(resp, self.max_event_bytes, self.route.name)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
         http = self.http
-        resp = await http.post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx.forward_headers)
+        path = self.endpoint_path(ctx.endpoint, ctx)
+        resp = await http.post(path, encode_body(body), ctx.forward_headers)
         http.expect(resp, stream=False)
         raw = await http.read_body(resp)
         parsed = json_object_body(raw, self.route.name)
