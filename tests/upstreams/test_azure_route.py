@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from bench.mock_openai import ThreadedServer
@@ -287,6 +288,6 @@ def test_messages_and_responses_doors_on_an_azure_route(azure, make_gateway):
 )
 def test_route_config_is_checked_at_start(extra, message):
     route = {**azure_route("https://res.openai.azure.com"), **extra}
-    with pytest.raises(Exception) as caught:
-        load_settings(environ={}, routes=__import__("orjson").dumps([route]).decode())
+    with pytest.raises(ValueError) as caught:
+        load_settings(environ={}, routes=orjson.dumps([route]).decode())
     assert message in str(caught.value)
