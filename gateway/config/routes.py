@@ -18,8 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gateway.paths import AZURE_FAMILIES, FAMILIES, is_azure_api_version, is_azure_deployment
 
 RouteKind = Literal["openai", "anthropic", "local", "azure"]
-# The kinds whose origin serves OpenAI's other /v1 paths (files, embeddings, ...).
-PASSTHROUGH_KINDS = frozenset({"openai", "azure"})
+# The kinds whose upstream takes OpenAI's request body as it is (a big body's worker process
+# may encode it), and whose origin serves OpenAI's other /v1 paths (files, embeddings, ...).
+OPENAI_BODY_KINDS = frozenset({"openai", "azure"})
+PASSTHROUGH_KINDS = OPENAI_BODY_KINDS
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one

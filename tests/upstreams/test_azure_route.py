@@ -291,3 +291,32 @@ def test_route_config_is_checked_at_start(extra, message):
     with pytest.raises(ValueError) as caught:
         load_settings(environ={}, routes=orjson.dumps([route]).decode())
     assert message in str(caught.value)
+
+
+def test_a_big_body_of_an_azure_chain_is_prepared_in_a_worker(monkeypatch):
+    """A worker prepares an azure route's body like an openai route's (the upstream takes
+    OpenAI's JSON as it is); only an anthropic route in the chain keeps it in the gateway."""
+    from gateway.config.routes import Route, RouteTable
+    from gateway.config.settings import Settings
+    from gateway.pipeline import big_bodies
+    from gateway.pipeline.policies import PolicyRunner
+
+    settings = Settings()
+    routes = [
+        Route.model_validate(azure_route("https://res.openai.azure.com")),
+        Route.model_validate(
+            {"name": "claude", "models": ["claude-*"], "kind": "anthropic", "base_url": "http://x"}
+        ),
+    ]
+    worker = {
+        "settings": settings,
+        "table": RouteTable(routes),
+        "policies": PolicyRunner(settings, routes),
+    }
+    monkeypatch.setattr(big_bodies, "_WORKER", worker)
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    prepared = big_bodies.prepare(orjson.dumps(body), "chat", "acme", None, False, False)
+    assert isinstance(prepared, big_bodies.Prepared)
+    claude = {**body, "model": "claude-3-5-haiku"}
+    kept = big_bodies.prepare(orjson.dumps(claude), "chat", "acme", None, False, False)
+    assert isinstance(kept, big_bodies.NotHere)
