@@ -320,3 +320,14 @@ def test_a_big_body_of_an_azure_chain_is_prepared_in_a_worker(monkeypatch):
     claude = {**body, "model": "claude-3-5-haiku"}
     kept = big_bodies.prepare(orjson.dumps(claude), "chat", "acme", None, False, False)
     assert isinstance(kept, big_bodies.NotHere)
+
+
+def test_legacy_completions_go_to_the_deployment(azure, make_gateway):
+    mock, root = azure
+    client = sdk_client(gateway(make_gateway, root), "key-a")
+    with pytest.raises(openai.NotFoundError) as caught:  # the mock has no completions model
+        client.completions.create(model="gpt-4o-mini", prompt="hi")
+    assert caught.value.body["message"] == "Resource not found"
+    sent = mock.requests[-1]
+    assert sent["path"] == "/openai/deployments/my-deployment/completions"
+    assert sent["query"] == {"api-version": VERSION}
