@@ -81,10 +81,13 @@ def test_stream_without_include_usage_still_counts_them(provider, make_gateway):
     assert route["cached_prompt_tokens"] == 1024
 
 
-def test_non_stream_shows_and_counts_cached_tokens(provider, make_gateway):
-    style, _mock, server = provider
-    if style == "moonshot_top":
-        pytest.skip("the same non-stream answer as moonshot")
+@pytest.mark.parametrize("style", ["deepseek", "moonshot"])
+def test_non_stream_shows_and_counts_cached_tokens(style, make_gateway):
+    with ThreadedServer(ProviderChatMock(style)) as server:  # type: ignore[arg-type]
+        non_stream_checks(make_gateway, server, style)
+
+
+def non_stream_checks(make_gateway, server, style: str) -> None:
     gw = gateway_for(make_gateway, server, style)
     client = sdk_client(gw, "key-a")
     completion = client.chat.completions.create(model="chat-1", messages=MESSAGES)
