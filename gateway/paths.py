@@ -93,6 +93,35 @@ UPLOAD_PATHS: tuple[tuple[str, ...], ...] = (
     ("videos", "*", "remix"),
 )
 
+# Azure OpenAI (`azure` routes). The families Azure serves (the rest answer 404 there); of them,
+# the JSON paths Azure scopes to a deployment (`/openai/deployments/{name}/...`, the deployment
+# named by the body's `model`), as its own SDK does. Multipart ones (transcriptions, image
+# edits) carry the model inside the form, which is streamed, not read: not forwarded.
+AZURE_FAMILIES: frozenset[str] = frozenset(
+    {"audio", "batches", "embeddings", "files", "fine_tuning", "images", "models", "vector_stores"}
+)
+AZURE_DEPLOYMENT_PATHS: frozenset[tuple[str, ...]] = frozenset(
+    {("embeddings",), ("audio", "speech"), ("images", "generations")}
+)
+AZURE_MULTIPART_DEPLOYMENT_PATHS: frozenset[tuple[str, ...]] = frozenset(
+    {("audio", "transcriptions"), ("audio", "translations"), ("images", "edits")}
+)
+# A deployment name, which becomes a path segment: Azure allows letters, digits, '-', '_' and
+# '.', up to 64 characters; the first must be a letter or digit (so never '.' or '..').
+_AZURE_DEPLOYMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_AZURE_API_VERSION = re.compile(r"v1|\d{4}-\d{2}-\d{2}(-preview)?")
+
+
+def is_azure_deployment(name: str) -> bool:
+    """Whether `name` may be a deployment's path segment (no '/', '..', '?', '#', '%')."""
+    return _AZURE_DEPLOYMENT.fullmatch(name) is not None
+
+
+def is_azure_api_version(version: str) -> bool:
+    """`v1` (the OpenAI-compatible surface), or a dated `api-version` like `2024-10-21`."""
+    return _AZURE_API_VERSION.fullmatch(version) is not None
+
+
 MAX_SEGMENTS = 16
 MAX_PATH_BYTES = 2048
 MAX_QUERY_FIELDS = 64

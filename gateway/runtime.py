@@ -16,7 +16,7 @@ from gateway.boundary.admit import Admission
 from gateway.boundary.auth import KeyRing
 from gateway.boundary.offload import HeavyWork
 from gateway.boundary.ownership import Ownership
-from gateway.config.routes import Route, RouteTable
+from gateway.config.routes import OPENAI_BODY_KINDS, Route, RouteTable
 from gateway.config.settings import Settings
 from gateway.doors.passthrough import Passthrough
 from gateway.pipeline.big_bodies import BigBodyWorkers, dumps_settings, worker_init
@@ -83,7 +83,11 @@ class Runtime:
         self.offload = HeavyWork(
             settings.policy_thread_min_bytes,
             process_min_bytes=settings.big_body_bytes,
-            process_workers=settings.big_body_workers if table.first_of_kind("openai") else 0,
+            process_workers=(
+                settings.big_body_workers
+                if any(r.kind in OPENAI_BODY_KINDS for r in table.routes)
+                else 0
+            ),
             process_init=(
                 worker_init,
                 (dumps_settings(settings), [r.model_dump(mode="json") for r in table.routes]),

@@ -18,13 +18,14 @@
 - Routes of the ``bedrock_converse`` family: the same breakpoints, at the model's Converse
   minimum, on the models that support cache points (none on the others); the Converse
   converter turns each marker into a ``cachePoint`` block. Always the 5-minute TTL.
-- Routes of the ``openai`` family (OpenAI, Azure OpenAI, OpenAI-compatible hosts), for chat,
+- Routes of the ``openai`` family (OpenAI and OpenAI-compatible hosts), for chat,
   completions and native Responses bodies: when the client set no
   ``prompt_cache_key``, set the prefix family key, so requests sharing a prefix are routed to
   the same cache machine. ``user`` is left as sent
   (billing and audit see it); the key simply does not include it.
-- Automatic families (DeepSeek, Moonshot, Gemini) and ``local`` routes: nothing; the
-  provider (or the engine) caches prefixes on its own.
+- Automatic families (DeepSeek, Moonshot, Gemini), Azure OpenAI (which refuses
+  ``prompt_cache_key`` on many deployments) and ``local`` routes: nothing; the provider (or
+  the engine) caches prefixes on its own.
 
 The notes always name the family (``family``), which the advisor reads.
 

@@ -3,8 +3,11 @@
 Every route belongs to one *cache family*: the set of rules its provider caches by. The
 figures come from the providers' own documentation (see ``shared/docs/provider-caching.md``):
 
-- ``openai`` (OpenAI, Azure OpenAI and OpenAI-compatible hosts): automatic from 1,024 prompt
-  tokens in 128-token steps; ``prompt_cache_key`` steers requests to one cache machine.
+- ``openai`` (OpenAI and OpenAI-compatible hosts): automatic from 1,024 prompt tokens in
+  128-token steps; ``prompt_cache_key`` steers requests to one cache machine.
+- ``azure`` (Azure OpenAI): OpenAI's rules, but no ``prompt_cache_key`` is added: Azure
+  rejects it (400 ``unrecognized_request_argument``) on many models and API versions. A client
+  that knows its deployment takes it may still send its own.
 - ``deepseek``: automatic, disk-backed, in 64-token units.
 - ``moonshot`` (Kimi): automatic; no documented minimum or unit.
 - ``anthropic`` (direct, Bedrock InvokeModel, Vertex rawPredict): opt-in ``cache_control``
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 OPENAI = "openai"
+AZURE = "azure"
 DEEPSEEK = "deepseek"
 MOONSHOT = "moonshot"
 ANTHROPIC = "anthropic"
@@ -99,6 +103,7 @@ class FamilyRules:
 
 CACHE_FAMILIES: dict[str, FamilyRules] = {
     OPENAI: FamilyRules(OPENAI, "prompt_cache_key", OPENAI_MIN_CACHED_TOKENS, 128, True),
+    AZURE: FamilyRules(AZURE, None, OPENAI_MIN_CACHED_TOKENS, OPENAI_CACHE_STEP_TOKENS, True),
     DEEPSEEK: FamilyRules(
         DEEPSEEK, None, DEEPSEEK_CACHE_UNIT_TOKENS, DEEPSEEK_CACHE_UNIT_TOKENS, True
     ),
@@ -143,6 +148,8 @@ def cache_family(route_kind: str, model: str, base_url: str | None = None) -> st
         return ANTHROPIC if name.startswith("claude") else GEMINI
     if route_kind == "gemini":
         return GEMINI
+    if route_kind == "azure":
+        return AZURE
     return _FAMILY_BY_HOST.get(_host(base_url), OPENAI)
 
 
@@ -193,7 +200,7 @@ def cached_tokens(family: str, model: str, stable_prefix_tokens: int) -> int:
     minimum = min_cacheable_tokens(family, model)
     if minimum is None or stable_prefix_tokens < minimum or stable_prefix_tokens <= 0:
         return 0
-    if family == OPENAI:
+    if family in (OPENAI, AZURE):
         return openai_cached_tokens(stable_prefix_tokens)
     step = CACHE_FAMILIES[family].step_tokens
     return stable_prefix_tokens // step * step

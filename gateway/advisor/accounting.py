@@ -6,7 +6,7 @@ is the longest over them (a provider's cache holds several recent prefixes, and 
 one agent share a family). The stable prefix becomes cached tokens under the rules of the
 route's cache family (``policies.provider_limits.cached_tokens``, the one table):
 
-- OpenAI (and Azure): exact prefix in 128-token steps from 1,024 tokens.
+- OpenAI and Azure: exact prefix in 128-token steps from 1,024 tokens.
 - DeepSeek: the stable prefix in 64-token units; Moonshot: the whole stable prefix.
 - Gemini: the whole stable prefix once it reaches the model's implicit-caching minimum.
 - Anthropic and Bedrock Converse: APPROXIMATED as the whole stable prefix once it reaches the

@@ -24,6 +24,7 @@ from .variants import ALL_OPT_INS, OBSERVED, OPT_INS, VARIANTS
 
 PRICES: dict[str, dict[str, float]] = {
     "openai": {"input": 2.00, "cached": 0.50},  # gpt-4.1
+    "azure": {"input": 2.00, "cached": 0.50},  # gpt-4.1, Azure's global standard deployment
     "anthropic": {"input": 3.00, "cached": 0.30},  # claude-sonnet-4, cache read
     "deepseek": {"input": 0.28, "cached": 0.028},  # deepseek-chat, cache miss / hit
     "moonshot": {"input": 0.60, "cached": 0.15},  # kimi-k2

@@ -17,9 +17,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.paths import FAMILIES
+from gateway.paths import AZURE_FAMILIES, FAMILIES, is_azure_api_version, is_azure_deployment
 
-RouteKind = Literal["openai", "anthropic", "local", "gemini", "vertex", "bedrock"]
+RouteKind = Literal["openai", "anthropic", "local", "azure", "gemini", "vertex", "bedrock"]
+# The kinds whose upstream takes OpenAI's request body as it is (a big body's worker process
+# may encode it), and whose origin serves OpenAI's other /v1 paths (files, embeddings, ...).
+OPENAI_BODY_KINDS = frozenset({"openai", "azure"})
+PASSTHROUGH_KINDS = OPENAI_BODY_KINDS
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
 MATCH_CACHE_NAME_CHARS = 256  # and never keep a long one
@@ -74,8 +78,10 @@ class Route(BaseModel):
     model_map: dict[str, str] = Field(default_factory=dict)
     policies: tuple[str, ...] | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    # openai only: the /v1 path families forwarded (None: all of FAMILIES, []: none)
+    # openai and azure: the /v1 path families forwarded (None: all of FAMILIES, []: none)
     passthrough: tuple[str, ...] | None = None
+    # azure only: Azure OpenAI's `api-version` (e.g. "2024-10-21"), or "v1" for /openai/v1/
+    api_version: str | None = None
     # local engine only
     model_path: str | None = None
     demo: bool = False
@@ -107,11 +113,15 @@ class Route(BaseModel):
             self._check_pd()
         elif self.replicas:
             self._check_replicas()
-        elif self.kind in ("openai", "anthropic") and not self.base_url:
+        elif self.kind in ("openai", "anthropic", "azure") and not self.base_url:
             raise ValueError(f"route {self.name!r}: kind {self.kind!r} needs base_url")
         self._check_google()
         if self.kind == "bedrock":
             self._check_bedrock()
+        if self.kind == "azure":
+            self._check_azure()
+        elif self.api_version is not None:
+            raise ValueError(f"route {self.name!r}: api_version applies to azure routes only")
         if self.base_url is not None and not _is_http_url(self.base_url):
             raise ValueError(
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
@@ -120,8 +130,10 @@ class Route(BaseModel):
         if isinstance(self.hedge_after_ms, float | int) and self.hedge_after_ms <= 0:
             raise ValueError(f"route {self.name!r}: hedge_after_ms must be > 0 or 'p95'")
         if self.passthrough:
-            if self.kind != "openai":
-                raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
+            if self.kind not in PASSTHROUGH_KINDS:
+                raise ValueError(
+                    f"route {self.name!r}: passthrough applies to openai and azure routes only"
+                )
             unknown = sorted(set(self.passthrough) - FAMILIES)
             if unknown:
                 raise ValueError(
@@ -159,6 +171,21 @@ class Route(BaseModel):
             raise ValueError(
                 f"route {self.name!r}: bedrock routes need botocore; "
                 "install it with: pip install 'firsttoken[bedrock]'"
+            )
+
+    def _check_azure(self) -> None:
+        if self.replicas or self.pd is not None:
+            raise ValueError(f"route {self.name!r}: replicas and pd apply to openai routes only")
+        if self.api_version is None or not is_azure_api_version(self.api_version):
+            raise ValueError(
+                f"route {self.name!r}: an azure route needs api_version, a dated Azure OpenAI "
+                'api-version like "2024-10-21" or "v1"'
+            )
+        bad = sorted(name for name in self.model_map.values() if not is_azure_deployment(name))
+        if bad:
+            raise ValueError(
+                f"route {self.name!r}: model_map names deployments that are not valid Azure "
+                f"deployment names (letters, digits, '-', '_', '.'; up to 64): {bad[:3]}"
             )
 
     def _check_replicas(self) -> None:
@@ -209,8 +236,13 @@ class Route(BaseModel):
         return {GOOGLE_CREDENTIALS_VARIABLE} if self.kind == "vertex" else set()
 
     def allows_passthrough(self, family: str) -> bool:
-        """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""
-        return self.kind == "openai" and (self.passthrough is None or family in self.passthrough)
+        """Whether this route forwards `/v1/<family>/...` (only `openai` routes, and `azure`
+        ones for the families Azure serves, forward any)."""
+        if self.kind == "azure" and family not in AZURE_FAMILIES:
+            return False
+        return self.kind in PASSTHROUGH_KINDS and (
+            self.passthrough is None or family in self.passthrough
+        )
 
     def matches(self, model: str) -> bool:
         return any(p == model or fnmatch.fnmatchcase(model, p) for p in self.models)

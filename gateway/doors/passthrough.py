@@ -30,10 +30,10 @@ from starlette.types import Receive, Scope, Send
 from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body
 from gateway.boundary.client_watch import ClientWatch
-from gateway.config.routes import Route, RouteTable
+from gateway.config.routes import PASSTHROUGH_KINDS, Route, RouteTable
 from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
 from gateway.errors import GatewayError
-from gateway.paths import PassPath, parse_target
+from gateway.paths import AZURE_FAMILIES, PassPath, parse_target
 from gateway.upstreams.base import Upstream, UpstreamError
 from gateway.upstreams.registry import Upstreams
 
@@ -67,25 +67,25 @@ def forward_headers(request: Request) -> dict[str, str]:
 def choose_route(
     table: RouteTable, family: str, model: str | None, owner_route: str | None
 ) -> Route:
-    """The route named by the body's model (a 400 when that route is not an `openai` one),
-    else the one the object was created through, else the first `openai` route that forwards
-    this family."""
+    """The route named by the body's model (a 400 when that route is not an `openai` or
+    `azure` one), else the one the object was created through, else the first such route that
+    forwards this family."""
     if model is not None:
         route = table.match(model)
-        if route is not None and route.kind != "openai":
+        if route is not None and route.kind not in PASSTHROUGH_KINDS:
             # Never the wrong provider in silence: the model is this route's, and this route
             # kind has no /v1/<family> of its own.
             raise GatewayError(
                 400,
                 f"The model '{model}' is served by route {route.name!r} ({route.kind}), which "
-                f"does not serve /v1/{family}; only openai routes do.",
+                f"does not serve /v1/{family}; only openai and azure routes do.",
                 type="invalid_request_error",
                 param="model",
                 code="unsupported_route_kind",
             )
         if route is not None:
             if not route.allows_passthrough(family):
-                raise _family_off(family)
+                raise _family_off(family, route)
             return route
     if owner_route is not None:
         route = table.by_name.get(owner_route)
@@ -94,14 +94,21 @@ def choose_route(
     for route in table.routes:
         if route.allows_passthrough(family):
             return route
-    if any(r.kind == "openai" for r in table.routes):
+    if any(r.kind in PASSTHROUGH_KINDS for r in table.routes):
         raise _family_off(family)
     raise GatewayError(
         404, f"No OpenAI-compatible route serves /v1/{family}.", code="no_passthrough_route"
     )
 
 
-def _family_off(family: str) -> GatewayError:
+def _family_off(family: str, route: Route | None = None) -> GatewayError:
+    if route is not None and route.kind == "azure" and family not in AZURE_FAMILIES:
+        return GatewayError(
+            404,
+            f"/v1/{family} is not served by Azure OpenAI (route {route.name!r}); Azure serves "
+            f"{', '.join(sorted(AZURE_FAMILIES))}.",
+            code="unknown_url",
+        )
     return GatewayError(
         404, f"/v1/{family} is not enabled on this gateway's routes.", code="unknown_url"
     )
@@ -264,7 +271,7 @@ class Exchange:
         if self.ready is not None:  # admitted and routed by its door
             route = self.admitted.route
             if not route.allows_passthrough(path.family):
-                raise _family_off(path.family)
+                raise _family_off(path.family, route)
         else:
             model = body.get("model") if isinstance(body, dict) else None
             if not isinstance(model, str) or len(model) > self.settings.max_model_chars:

@@ -41,15 +41,17 @@ class AnswerFormat(Protocol):
 
 
 class ChatFormat:
-    """Chat's own answer: the upstream's bytes, as they came."""
+    """Chat's own answer: the upstream's bytes, as they came, but for the event that carries
+    usage, whose cached-token count is put in OpenAI's field first (``OutEvent.is_usage_only``
+    reads only an event whose bytes mention usage)."""
 
     headers: Sequence[tuple[bytes, bytes]] = ()
 
     def events(self, batch: list[OutEvent], keep_usage: bool) -> bytes:
         if len(batch) == 1:
             event = batch[0]
-            return event.raw if keep_usage or not event.is_usage_only() else b""
-        return b"".join(event.raw for event in batch if keep_usage or not event.is_usage_only())
+            return b"" if event.is_usage_only() and not keep_usage else event.raw
+        return b"".join(event.raw for event in batch if not event.is_usage_only() or keep_usage)
 
     def keepalive(self) -> bytes:
         return KEEPALIVE

@@ -7,10 +7,11 @@ to a small process pool that does what the loop would have done: parse within th
 validate, find object references, run the policy chain for each route of the model's chain and
 encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
 
-Only chains of `openai` routes take this path: their upstream body is the encoded JSON as it
-is. Anthropic and local routes need the parsed body in this process; theirs stay on the thread
-path (`gateway.boundary.offload`). Worker functions take and return only plain data, so nothing of
-the gateway's state crosses the process boundary besides what `worker_init` receives.
+Only chains of `openai` and `azure` routes take this path: their upstream body is the encoded
+JSON as it is. Anthropic and local routes need the parsed body in this process; theirs stay on
+the thread path (`gateway.boundary.offload`). Worker functions take and return only plain data,
+so nothing of the gateway's state crosses the process boundary besides what `worker_init`
+receives.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gateway.config.routes import OPENAI_BODY_KINDS
 from gateway.config.settings import SECRET_FIELDS, Settings
 from gateway.pipeline.policies import POLICY_HEADER
 
@@ -73,7 +75,8 @@ class Refused:
 
 @dataclass(frozen=True)
 class NotHere:
-    """The body's chain needs the parsed body in the gateway process (not only `openai`)."""
+    """The body's chain needs the parsed body in the gateway process (a route that is neither
+    `openai` nor `azure`)."""
 
     reason: str = field(default="route kind")
 
@@ -145,7 +148,7 @@ def _prepare(
     if route is None:
         return NotHere("no route")  # the loop answers with its own 404/503
     chain = table.chain(route)
-    if any(r.kind != "openai" for r in chain):
+    if any(r.kind not in OPENAI_BODY_KINDS for r in chain):
         return NotHere()
     names = policies.names_for(route, policy_header)
     stream = bool(body.get("stream"))

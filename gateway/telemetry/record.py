@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.telemetry.event import RequestEvent
-from gateway.telemetry.usage import token_count
+from gateway.telemetry.usage import cached_prompt_tokens, token_count
 
 if TYPE_CHECKING:
     from gateway.telemetry.telemetry import Telemetry
@@ -91,9 +91,6 @@ class RequestRecord:
     def to_event(self) -> RequestEvent:
         end = time.perf_counter()
         usage = self.usage if isinstance(self.usage, dict) else {}
-        details = usage.get("prompt_tokens_details")
-        if not isinstance(details, dict):
-            details = {}
         output_tokens = token_count(usage.get("completion_tokens"))
         ttft = upstream_ttft = mean_itl = None
         if self.stream and self.first_content_out is not None:
@@ -115,7 +112,7 @@ class RequestRecord:
             output_tokens=output_tokens,
             mean_itl_s=mean_itl,
             prompt_tokens=token_count(usage.get("prompt_tokens")),
-            cached_prompt_tokens=token_count(details.get("cached_tokens")),
+            cached_prompt_tokens=cached_prompt_tokens(usage),
             prompt_tokens_saved=self.prompt_tokens_saved,
             fallback=self.fallback,
             hedged=self.hedged,

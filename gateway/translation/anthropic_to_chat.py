@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import error_body
+from gateway.telemetry.usage import from_anthropic
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -62,21 +63,8 @@ def finish_reason(stop_reason: str | None) -> str | None:
 
 
 def openai_usage(usage: Any) -> dict:
-    """Anthropic usage -> OpenAI usage, with the cache-write count kept visible. A count that
-    is not a non-negative integer is read as 0: a bad field loses only itself."""
-    usage = _obj(usage)
-    fresh = _count(usage.get("input_tokens"))
-    cache_read = _count(usage.get("cache_read_input_tokens"))
-    cache_write = _count(usage.get("cache_creation_input_tokens"))
-    prompt = fresh + cache_read + cache_write
-    completion = _count(usage.get("output_tokens"))
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
-        "cache_creation_input_tokens": cache_write,
-    }
+    """Anthropic usage -> OpenAI usage (``gateway.telemetry.usage``, the one table)."""
+    return from_anthropic(usage)
 
 
 def to_openai_response(resp: dict, model: str, *, created: int | None = None) -> dict:
@@ -277,12 +265,6 @@ def _obj(value: Any) -> dict:
     """`value` when it is an object, else an empty one: an unexpected shape from upstream is
     ignored like an unknown field, not a crash."""
     return value if isinstance(value, dict) else {}
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return 0
 
 
 def _new_id() -> str:

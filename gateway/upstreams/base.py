@@ -16,6 +16,7 @@ import orjson
 from gateway.config.routes import Route
 from gateway.errors import error_body
 from gateway.sse import DONE_DATA, encode_data
+from gateway.telemetry.usage import with_chat_usage
 
 if TYPE_CHECKING:
     import aiohttp
@@ -51,6 +52,7 @@ class OutEvent:
     @classmethod
     def of_chunk(cls, chunk: dict) -> OutEvent:
         """An event the gateway built from a chat chunk (a translated or local upstream)."""
+        chunk = with_chat_usage(chunk) or chunk
         usage = usage_from_chunk(chunk)
         choices = chunk.get("choices")
         return cls(
@@ -75,7 +77,9 @@ class OutEvent:
 
     def is_usage_only(self) -> bool:
         """Whether this is the include_usage chunk. An unread event is parsed only when its
-        bytes mention a usage value, so most events go out without being read first."""
+        bytes mention a usage value, so most events go out without being read first; one that
+        does is read (and its usage put in OpenAI's shape, ``raw`` rewritten) before it goes
+        out."""
         if not self.resolved:
             data = self.data
             if (
@@ -105,10 +109,17 @@ class OutEvent:
         if not isinstance(chunk, dict):
             self.malformed = True
             return self
-        self.chunk = chunk
         if "error" in chunk and "choices" not in chunk:
+            self.chunk = chunk
             self.error = True
             return self
+        fixed = with_chat_usage(chunk)
+        if fixed is not None:
+            # A provider that reports cached tokens in its own field: the client gets them in
+            # OpenAI's field too. Only the (one) usage event is re-encoded.
+            chunk = fixed
+            self.raw = encode_data(fixed)
+        self.chunk = chunk
         self.usage = usage_from_chunk(chunk)
         self.content = chunk_has_content(chunk)
         self.finish = chunk_finishes(chunk)

@@ -74,6 +74,10 @@ def build_upstream(route: Route, settings: Settings) -> Upstream:
         from gateway.upstreams.bedrock import BedrockUpstream
 
         return BedrockUpstream(route, **options)
+    if route.kind == "azure":
+        from gateway.upstreams.azure import AzureUpstream
+
+        return AzureUpstream(route, api_key=settings.route_api_key(route), **options)
     kind = AnthropicUpstream if route.kind == "anthropic" else OpenAIUpstream
     return kind(route, api_key=settings.route_api_key(route), **options)
 

@@ -1,10 +1,10 @@
 """The HTTP side of every remote upstream kind: one pooled session to the route's origin.
 
-`openai` and `anthropic` routes differ in request shape and auth headers, not in how they talk
-HTTP, so each holds an `UpstreamHttp` rather than inheriting from the other. Everything an
-upstream sends back is untrusted: redirects are never followed (the route's key and the
-tenant's prompt go to the route's origin only), bodies are read within byte limits, and an
-answer in the wrong media type is an upstream error.
+`openai` (and `azure`) and `anthropic` routes differ in request shape and auth headers, not
+in how they talk HTTP, so each holds an `UpstreamHttp` rather than inheriting from the other.
+Everything an upstream sends back is untrusted: redirects are never followed (the route's key
+and the tenant's prompt go to the route's origin only), bodies are read within byte limits,
+and an answer in the wrong media type is an upstream error.
 
 aiohttp's client is on the hot path because it measured fastest for streaming pass-through
 (README, "Dependencies, and why").
@@ -207,11 +207,11 @@ class UpstreamHttp:
         self._models = (now, models)
         return models
 
-    async def warm_up(self, connections: int) -> None:
+    async def warm_up(self, connections: int, path: str = "/models") -> None:
         """Open keep-alive connections now so the first request pays no TCP/TLS handshake (a
         cold pool is slower, not broken: failures are only logged)."""
         await asyncio.gather(
-            *(self.get_json("/models", 5.0, WARM_UP_READ_BYTES) for _ in range(connections))
+            *(self.get_json(path, 5.0, WARM_UP_READ_BYTES) for _ in range(connections))
         )
 
     async def status_error(self, resp: aiohttp.ClientResponse) -> UpstreamError:

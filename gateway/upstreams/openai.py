@@ -1,7 +1,9 @@
 """The `openai` upstream kind: any OpenAI-compatible server.
 
-Event bytes go to the client exactly as received. The HTTP side (pooled session, limits, no
-redirects) is `UpstreamHttp`'s; this module knows the OpenAI paths and answer shapes.
+Event bytes go to the client exactly as received, but for the usage event (and a completion's
+usage) of a provider that reports cached tokens in its own field (`gateway.telemetry.usage`).
+The HTTP side (pooled session, limits, no redirects) is `UpstreamHttp`'s; this module knows
+the OpenAI paths and answer shapes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 
 from gateway.config.routes import Route
 from gateway.paths import PassPath
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES, DONE_DATA, EventTooLarge, SSEEvent, SSEParser
+from gateway.telemetry.usage import with_chat_usage
 from gateway.upstreams.base import (
     CallContext,
     Completed,
@@ -38,9 +42,15 @@ class OpenAIUpstream(RemoteUpstream):
 
     def __init__(self, route: Route, *, api_key: str | None, **options: Any) -> None:
         """`options`: those of `RemoteUpstream` (pool size, timeouts, byte limits)."""
-        super().__init__(
-            route, {"authorization": f"Bearer {api_key}"} if api_key else {}, **options
-        )
+        super().__init__(route, self.auth_headers(api_key), **options)
+
+    @staticmethod
+    def auth_headers(api_key: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def endpoint_path(self, endpoint: str, ctx: CallContext) -> str:
+        """The path (after the base URL, query included) a chat or completions request goes to."""
+        return ENDPOINT_PATHS[endpoint]
 
     async def model_cards(self) -> list[ModelCard]:
         return [
@@ -55,16 +65,21 @@ class OpenAIUpstream(RemoteUpstream):
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> OpenAIEventStream:
         http = self.http
-        resp = await http.post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx.forward_headers)
+        path = self.endpoint_path(ctx.endpoint, ctx)
+        resp = await http.post(path, encode_body(body), ctx.forward_headers)
         http.expect(resp, stream=True)
         return OpenAIEventStream(resp, self.max_event_bytes, self.route.name)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
         http = self.http
-        resp = await http.post(ENDPOINT_PATHS[ctx.endpoint], encode_body(body), ctx.forward_headers)
+        path = self.endpoint_path(ctx.endpoint, ctx)
+        resp = await http.post(path, encode_body(body), ctx.forward_headers)
         http.expect(resp, stream=False)
         raw = await http.read_body(resp)
         parsed = json_object_body(raw, self.route.name)
+        fixed = with_chat_usage(parsed)
+        if fixed is not None:  # cached tokens in a provider's own field: in OpenAI's too
+            parsed, raw = fixed, orjson.dumps(fixed)
         return Completed(
             resp.status,
             raw,

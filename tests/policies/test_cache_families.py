@@ -20,7 +20,7 @@ LONG = "lorem ipsum dolor sit amet " * 400  # ~2k tokens
     [
         ("openai", "gpt-4.1", None, "openai"),
         ("openai", "gpt-4.1", "https://api.openai.com/v1", "openai"),
-        ("azure", "gpt-4o", "https://res.openai.azure.com", "openai"),
+        ("azure", "gpt-4o", "https://res.openai.azure.com", "azure"),
         ("openai", "deepseek-chat", "https://api.deepseek.com", "deepseek"),
         ("openai", "deepseek-chat", "https://API.DeepSeek.com/v1", "deepseek"),
         ("openai", "kimi-k2", "https://api.moonshot.ai/v1", "moonshot"),
@@ -117,11 +117,19 @@ def test_automatic_families_get_no_hint():
         assert result.notes["cache_hints"]["family"] == context.cache_family
 
 
-def test_openai_family_gets_prompt_cache_key_including_azure():
-    for context in (ctx("openai", "gpt-4o"), ctx("azure", "gpt-4o", "https://r.openai.azure.com")):
-        result = hinted(context)
-        assert result.body["prompt_cache_key"].startswith("ft-")
-        assert not has_marker(result.body)
+def test_openai_family_gets_prompt_cache_key():
+    result = hinted(ctx("openai", "gpt-4o"))
+    assert result.body["prompt_cache_key"].startswith("ft-")
+    assert not has_marker(result.body)
+
+
+def test_azure_gets_no_prompt_cache_key_but_openai_s_numbers():
+    result = hinted(ctx("azure", "gpt-4o", "https://r.openai.azure.com"))
+    assert "prompt_cache_key" not in result.body and not has_marker(result.body)
+    assert result.notes["cache_hints"]["family"] == "azure"
+    assert cached_tokens("azure", "gpt-4o", 1300) == cached_tokens("openai", "gpt-4o", 1300)
+    client_key = {**chat({"role": "user", "content": "hi"}), "prompt_cache_key": "mine"}
+    assert hinted(ctx("azure", "gpt-4o"), client_key).body["prompt_cache_key"] == "mine"
 
 
 def test_anthropic_models_get_breakpoints_wherever_they_run():

@@ -47,8 +47,10 @@ def test_vertex_project_and_region_are_checked_at_start_up(fields, complaint):
 
 def test_project_and_region_belong_to_vertex_only():
     route = {"name": "g", "models": ["gemini-*"], "kind": "gemini", "region": "us-east5"}
-    with pytest.raises(SettingsError, match="vertex only"):
+    with pytest.raises(SettingsError, match="region applies to vertex and bedrock only"):
         settings_for(route)
+    with pytest.raises(SettingsError, match="project applies to vertex only"):
+        settings_for({**route, "region": None, "project": "my-project"})
 
 
 def test_vertex_without_google_auth_is_a_start_up_error_naming_the_extra(monkeypatch):
