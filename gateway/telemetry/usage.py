@@ -4,8 +4,10 @@ Every provider reports cached prompt tokens in its own field. The client of the 
 telemetry record, Prometheus, the dashboard and the advisor all read OpenAI's
 ``usage.prompt_tokens_details.cached_tokens``, so the one table below says where each provider
 puts that number, and ``chat_usage`` fills OpenAI's field from it (the provider's own fields
-stay beside it). Providers whose usage is not chat-shaped at all have a converter each
-(``from_anthropic``, ``from_converse``, ``from_gemini``).
+stay beside it). Providers whose usage is not chat-shaped at all have a converter each:
+``from_anthropic`` here (direct, Bedrock InvokeModel and Vertex share it), Converse's and
+Gemini's beside their translations (``gateway.translation.converse_to_chat``,
+``gemini_to_chat``).
 
 Every count is checked: anything but a non-negative integer up to ``MAX_TOKEN_COUNT`` counts
 as 0, alone, and no field of the wrong type raises.
@@ -114,42 +116,6 @@ def from_anthropic(usage: Any) -> dict:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
         "cache_creation_input_tokens": cache_write,
-    }
-
-
-def from_converse(usage: Any) -> dict:
-    """Bedrock Converse usage (``inputTokens`` without the cache reads and writes,
-    ``cacheReadInputTokens``, ``cacheWriteInputTokens``, ``outputTokens``) -> OpenAI usage."""
-    usage = usage if isinstance(usage, dict) else {}
-    cache_read = token_count(usage.get("cacheReadInputTokens"))
-    cache_write = token_count(usage.get("cacheWriteInputTokens"))
-    prompt = token_count(usage.get("inputTokens")) + cache_read + cache_write
-    completion = token_count(usage.get("outputTokens"))
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
-        "cacheReadInputTokens": cache_read,
-        "cacheWriteInputTokens": cache_write,
-    }
-
-
-def from_gemini(usage_metadata: Any) -> dict:
-    """Gemini ``usageMetadata`` (``promptTokenCount`` includes ``cachedContentTokenCount``;
-    thinking tokens are output) -> OpenAI usage."""
-    meta = usage_metadata if isinstance(usage_metadata, dict) else {}
-    prompt = token_count(meta.get("promptTokenCount"))
-    cached = min(token_count(meta.get("cachedContentTokenCount")), prompt)
-    thoughts = token_count(meta.get("thoughtsTokenCount"))
-    completion = token_count(meta.get("candidatesTokenCount")) + thoughts
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": thoughts},
-        "cachedContentTokenCount": cached,
     }
 
 

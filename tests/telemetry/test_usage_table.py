@@ -7,10 +7,10 @@ from gateway.telemetry.usage import (
     chat_usage,
     chunk_usage,
     from_anthropic,
-    from_converse,
-    from_gemini,
     with_chat_usage,
 )
+from gateway.translation.converse_to_chat import converse_usage as from_converse
+from gateway.translation.gemini_to_chat import openai_usage as from_gemini
 
 
 def test_openai_usage_is_returned_as_is():
