@@ -28,6 +28,7 @@ from gateway.translation.anthropic import (
     AnthropicStreamError,
     AnthropicStreamTranslator,
     TranslationError,
+    answer_tool,
     error_to_openai,
     to_anthropic_request,
     to_openai_response,
@@ -89,9 +90,10 @@ class AnthropicUpstream(RemoteUpstream):
             method, path, headers, data, client_chosen=("anthropic-version",)
         )
 
-    def _translate(self, body: dict, ctx: CallContext) -> bytes:
-        """The Messages body, or a 400 naming the field that cannot be translated: a client's
-        malformed input is never an upstream failure (502) nor retried."""
+    def _translate(self, body: dict, ctx: CallContext) -> tuple[bytes, str | None]:
+        """The Messages body and the name of its structured-answer tool (None without one), or
+        a 400 naming the field that cannot be translated: a client's malformed input is never
+        an upstream failure (502) nor retried."""
         if ctx.endpoint != "chat":
             raise client_error(
                 "the anthropic route kind serves /v1/chat/completions only, not /v1/completions",
@@ -99,6 +101,7 @@ class AnthropicUpstream(RemoteUpstream):
             )
         try:
             translated = to_anthropic_request(body, ctx.upstream_model)
+            answer = answer_tool(body)
         except TranslationError as exc:
             raise client_error(str(exc), exc.param) from None
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
@@ -109,13 +112,15 @@ class AnthropicUpstream(RemoteUpstream):
             raise client_error(
                 f"the request cannot be translated for an Anthropic model ({type(exc).__name__})"
             ) from None
-        return encode_body(translated)
+        return encode_body(translated), answer.name if answer is not None else None
 
-    async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
-        payload = self._translate(body, ctx)
+    async def _post_translated(
+        self, body: dict, ctx: CallContext
+    ) -> tuple[aiohttp.ClientResponse, str | None]:
+        payload, answer = self._translate(body, ctx)
         extra = {k: v for k, v in ctx.forward_headers.items() if k.startswith("anthropic-")}
         try:
-            return await self.http.post("/messages", payload, extra)
+            return await self.http.post("/messages", payload, extra), answer
         except UpstreamError as exc:
             if exc.body is not None:
                 exc.body = orjson.dumps(error_to_openai(exc.status, exc.body))
@@ -123,22 +128,24 @@ class AnthropicUpstream(RemoteUpstream):
             raise
 
     async def open_stream(self, body: dict, ctx: CallContext) -> AnthropicEventStream:
-        resp = await self._post_translated({**body, "stream": True}, ctx)
+        resp, answer = await self._post_translated({**body, "stream": True}, ctx)
         self.http.expect(resp, stream=True)
         translator = AnthropicStreamTranslator(
             ctx.client_model or ctx.upstream_model,
             include_usage=True,
             created=int(time.time()),
             request_id=f"chatcmpl-{ctx.request_id}",
+            answer_tool=answer,
         )
         return AnthropicEventStream(resp, translator, self.max_event_bytes, self.route.name)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
-        resp = await self._post_translated({**body, "stream": False}, ctx)
+        resp, answer = await self._post_translated({**body, "stream": False}, ctx)
         self.http.expect(resp, stream=False)
         parsed = json_object_body(await self.http.read_body(resp), self.route.name)
         try:
-            out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model)
+            model = ctx.client_model or ctx.upstream_model
+            out = to_openai_response(parsed, model, answer_tool=answer)
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UpstreamError(
                 "upstream sent a malformed Anthropic response", status=502, retryable=False
