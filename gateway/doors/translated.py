@@ -59,6 +59,8 @@ def translate_request(
 class AnswerShape(Protocol):
     """How one client API's answers are built from chat's."""
 
+    @property
+    def request_id_names(self) -> Sequence[bytes]: ...
     def whole(self, completion: dict) -> dict: ...
     def error(self, status: int, error: dict) -> dict: ...
     def feed(self, chunk: dict) -> list[bytes]: ...
@@ -69,6 +71,8 @@ class AnswerShape(Protocol):
 
 class MessagesShape:
     """Anthropic's Messages API."""
+
+    request_id_names = (b"request-id",)  # the header Anthropic's SDK reads as `_request_id`
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -96,6 +100,8 @@ class MessagesShape:
 
 class ResponsesShape:
     """OpenAI's Responses API (its errors are OpenAI's, as chat's are)."""
+
+    request_id_names: tuple[bytes, ...] = ()
 
     def __init__(self, request: dict, model: str) -> None:
         self.request = request
@@ -137,6 +143,7 @@ class TranslatedFormat:
         self.finished = False
         joined = "; ".join(notes)
         self.headers = [(NOTES_HEADER, joined.encode("latin-1", "replace"))] if joined else []
+        self.request_id_names = shape.request_id_names
 
     def events(self, batch: list[OutEvent], keep_usage: bool) -> bytes:
         out: list[bytes] = []
