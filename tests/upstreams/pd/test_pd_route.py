@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 
+import httpx
 import openai
 import pytest
 
@@ -256,6 +257,34 @@ def test_telemetry_keeps_the_steps_apart_and_adds_up(pools, make_gateway):
     assert timings[-1].prefill_s is None and timings[-1].handoff_s is None
     assert all(t.prefill_s and t.handoff_s is not None for t in timings[:3])
     assert len({t.request_id for t in timings}) == 4
+
+
+def test_a_prefill_that_ends_colocated_is_timed_where_operators_look(pools, make_gateway):
+    """vLLM without a KV connector answers `kv_transfer_params: null`: the request decodes
+    colocated, and the prefill it waited for shows in the step timings all the same."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.upstreams.pd.metrics import PDCollector
+
+    p = pools()
+    p.prefill[0].script(Script(no_params=True, delay_s=0.05))
+    gw = make_gateway([p.route()])
+    upstream = router(gw)
+    timings: list[PDTiming] = []
+    upstream.on_request = timings.append
+    assert chat(sdk_client(gw)) == ANSWER
+    assert eventually(lambda: len(timings) == 1, 10.0)
+    (timing,) = timings
+    assert timing.colocated_reason == "no_kv_params"
+    assert timing.prefill_s is not None and timing.prefill_s >= 0.05
+    ttft = httpx.get(f"{gw.url}/v1/metrics/ttft", timeout=20).json()
+    pd = ttft["replicas"]["pd"]["pd"]
+    assert pd["colocated_by_reason"]["no_kv_params"] == 1
+    assert pd["prefill_count"] == 1 and pd["prefill_ms_mean"] >= 50
+    registry = CollectorRegistry()
+    registry.register(PDCollector({"pd": upstream}))
+    text = generate_latest(registry).decode()
+    assert 'firsttoken_pd_step_seconds_count{route="pd",step="prefill"} 1.0' in text
 
 
 def test_prometheus_reads_a_pd_route_per_server_and_per_step(pools, make_gateway):
