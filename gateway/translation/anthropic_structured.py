@@ -18,8 +18,11 @@ reads it exactly as it reads OpenAI's.
   never prose or a fenced block.
 - With tools of the client's own, the answer tool is listed after them (their prefix stays
   cache-stable) and the model must call a tool: one of the client's, or the answer tool to
-  answer (`tool_choice` `any`). A client's `tool_choice: "none"` forces the answer tool; a
-  client's forced function stays forced. Calls of the client's tools come back as `tool_calls`.
+  answer (`tool_choice` `any`). A client's `tool_choice: "none"` forces the answer tool. A
+  client's forced function stays forced and no answer tool is added: this turn's answer is that
+  call (instructor's RESPONSES_TOOLS mode forces a function named like its `text.format`).
+  Calls of the client's tools come back as `tool_calls`. When one of the client's tools has the
+  schema's name, the answer tool is `<name>_answer`.
 - Anthropic does not force a tool while extended thinking is on, so `response_format` with
   `thinking` is a 400 naming `response_format`.
 """
@@ -48,11 +51,43 @@ class AnswerTool:
 
 
 def answer_tool(body: dict) -> AnswerTool | None:
-    """The answer tool for a chat body's `response_format`, None when it asks for text; a
-    `TranslationError` naming the field the client sent when it cannot be expressed."""
+    """The answer tool for a chat body's `response_format`, None when it asks for text or the
+    client forces a function of its own; a `TranslationError` naming the field the client sent
+    when it cannot be expressed."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
+    tool = _answer_tool(body, fmt)
+    if tool is None or (body.get("tools") and _forces_a_function(body.get("tool_choice"))):
+        return None
+    taken = _client_tool_names(body.get("tools"))
+    if tool.name not in taken:
+        return tool
+    name = f"{tool.name[:57]}_answer"
+    if name in taken:
+        raise TranslationError(
+            f"tools named {tool.name!r} and {name!r} are already among 'tools'; the structured "
+            "answer needs a name of its own",
+            "response_format",
+        )
+    return AnswerTool(name, {**tool.tool, "name": name})
+
+
+def _forces_a_function(choice: Any) -> bool:
+    return isinstance(choice, dict) and choice.get("type") == "function"
+
+
+def _client_tool_names(tools: Any) -> set[str]:
+    names = set()
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return names
+
+
+def _answer_tool(body: dict, fmt: Any) -> AnswerTool | None:
     if not isinstance(fmt, dict):
         raise TranslationError("'response_format' must be an object", "response_format")
     kind = fmt.get("type")
@@ -135,22 +170,13 @@ def _thinking_on(thinking: Any) -> bool:
 
 
 def add_answer_tool(out: dict, answer: AnswerTool) -> None:
-    """Add `answer` to the Anthropic body `out` (already holding the client's tools and their
-    translated `tool_choice`) and set the `tool_choice` that makes the model answer through it
-    (see the module's rules)."""
+    """Add `answer` (from `answer_tool`) to the Anthropic body `out`, which already holds the
+    client's tools and their translated `tool_choice`, and set the `tool_choice` that makes the
+    model answer through it (see the module's rules)."""
     tools = out.get("tools") or []
-    if any(tool.get("name") == answer.name for tool in tools):
-        param = "response_format.json_schema.name" if answer.name != JSON_OBJECT_TOOL else None
-        raise TranslationError(
-            f"a tool named {answer.name!r} is already among 'tools'; the structured answer "
-            "needs its own name",
-            param or "response_format",
-        )
     out["tools"] = [*tools, answer.tool]
     choice = out.get("tool_choice") or {}
     kind = choice.get("type")
-    if kind == "tool":
-        return  # the client's own forced function
     if not tools or kind == "none":
         forced: dict = {"type": "tool", "name": answer.name}
     else:

@@ -179,3 +179,46 @@ def test_an_untranslatable_schema_is_a_400_naming_the_clients_field(claude, make
     assert getattr(error, "status_code", None) == 400
     assert error.body["param"] == "response_format.json_schema.schema"  # type: ignore[attr-defined]
     assert not claude.mock.requests
+
+
+# -- structured-output libraries, where installed (neither is a dependency of the gateway) -----
+
+
+def test_instructor_json_schema_and_responses_tools_modes(claude, make_gateway):
+    instructor = pytest.importorskip("instructor")
+    gw = make_gateway([anthropic_route(claude)])
+    messages = [{"role": "user", "content": "Weather in Paris"}]
+    chat = instructor.from_openai(sdk_client(gw), mode=instructor.Mode.JSON_SCHEMA)
+    weather = chat.chat.completions.create(
+        model="claude-sonnet-4-5", response_model=Weather, messages=messages, max_retries=0
+    )
+    assert weather.model_dump() == ANSWER
+    responses = instructor.from_openai(sdk_client(gw), mode=instructor.Mode.RESPONSES_TOOLS)
+    weather = responses.responses.create(
+        model="claude-sonnet-4-5", response_model=Weather, input="Weather in Paris", max_retries=0
+    )
+    assert weather.model_dump() == ANSWER
+    first, second = (r["body"] for r in claude.mock.requests)
+    assert first["tool_choice"]["type"] == "tool" and "response_format" not in first
+    assert second["tool_choice"] == {"type": "tool", "name": "Weather"}
+
+
+def test_dspy_predict(claude, make_gateway, monkeypatch):
+    """dspy's ChatAdapter answer fails to parse (the mock answers free text), and dspy falls
+    back to its JSONAdapter: structured output, through the forced tool."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of litellm's model map
+    dspy = pytest.importorskip("dspy")
+    gw = make_gateway([anthropic_route(claude)])
+    lm = dspy.LM(
+        "openai/claude-sonnet-4-5", api_base=gw.url + "/v1", api_key="k", cache=False, num_retries=0
+    )
+    predict = dspy.Predict("question -> city: str, temperature_c: int, conditions: list[str]")
+    with dspy.context(lm=lm):
+        answer = predict(question="Weather in Paris?")
+    assert (answer.city, answer.temperature_c, answer.conditions) == (
+        ANSWER["city"],
+        ANSWER["temperature_c"],
+        ANSWER["conditions"],
+    )
+    structured = [r["body"] for r in claude.mock.requests if r["body"].get("tool_choice")]
+    assert structured and structured[-1]["tool_choice"]["type"] == "tool"

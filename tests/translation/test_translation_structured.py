@@ -11,6 +11,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from gateway.translation.anthropic import (
     AnthropicStreamTranslator,
     TranslationError,
+    answer_tool,
     to_anthropic_request,
     to_openai_response,
 )
@@ -64,7 +65,6 @@ def test_json_object_and_its_optional_schema():
         ("auto", {"type": "any"}),
         ("required", {"type": "any"}),
         ("none", {"type": "tool", "name": "Weather"}),
-        ({"type": "function", "function": {"name": "lookup"}}, {"type": "tool", "name": "lookup"}),
     ],
 )
 def test_beside_the_clients_tools_the_model_calls_one_or_answers(choice, expected):
@@ -77,6 +77,28 @@ def test_beside_the_clients_tools_the_model_calls_one_or_answers(choice, expecte
     if choice != "none":  # (a forced answer tool is one call anyway)
         out = translate(**fields, parallel_tool_calls=False)
         assert out["tool_choice"]["disable_parallel_tool_use"] is True
+
+
+def test_a_clients_forced_function_is_this_turns_answer():
+    forced = {"type": "function", "function": {"name": "Weather"}}
+    weather = {"type": "function", "function": {"name": "Weather", "parameters": SCHEMA}}
+    # instructor's RESPONSES_TOOLS: a forced function named like the text format
+    out = translate(tools=[weather], tool_choice=forced, response_format=JSON_SCHEMA)
+    assert [t["name"] for t in out["tools"]] == ["Weather"]
+    assert out["tool_choice"] == {"type": "tool", "name": "Weather"}
+    body = {"messages": USER, "tools": [weather], "tool_choice": forced}
+    assert answer_tool({**body, "response_format": JSON_SCHEMA}) is None  # a tool call comes back
+
+
+def test_an_answer_named_like_a_clients_tool_gets_a_name_of_its_own():
+    weather = {"type": "function", "function": {"name": "Weather"}}
+    out = translate(tools=[weather], response_format=JSON_SCHEMA)
+    assert [t["name"] for t in out["tools"]] == ["Weather", "Weather_answer"]
+    assert out["tool_choice"] == {"type": "any"}
+    taken = [weather, {"type": "function", "function": {"name": "Weather_answer"}}]
+    with pytest.raises(TranslationError) as info:
+        translate(tools=taken, response_format=JSON_SCHEMA)
+    assert info.value.param == "response_format"
 
 
 @pytest.mark.parametrize(
@@ -99,13 +121,6 @@ def test_beside_the_clients_tools_the_model_calls_one_or_answers(choice, expecte
             "response_format.json_schema.schema",
         ),
         ({"response_format": {"type": "json_object", "schema": []}}, "response_format.schema"),
-        (
-            {
-                "response_format": JSON_SCHEMA,
-                "tools": [{"type": "function", "function": {"name": "Weather"}}],
-            },
-            "response_format.json_schema.name",
-        ),
         (
             {
                 "response_format": JSON_SCHEMA,
