@@ -25,6 +25,8 @@ reads it exactly as it reads OpenAI's.
   schema's name, the answer tool is `<name>_answer`.
 - Anthropic does not force a tool while extended thinking is on, so `response_format` with
   `thinking` is a 400 naming `response_format`.
+- `json_schema.strict` is not sent on: Anthropic's strict tool use is not on every model, and
+  the forced tool's input follows the schema the model is shown.
 """
 
 from __future__ import annotations
