@@ -100,7 +100,7 @@ def _answer_tool(body: dict, fmt: Any) -> AnswerTool | None:
     elif kind == "json_object":
         schema = fmt.get("schema")
         where = "response_format.schema"
-        input_schema = _object_schema(schema, where) if schema is not None else _OPEN_OBJECT
+        input_schema = _object_schema(schema, where) if schema is not None else dict(_OPEN_OBJECT)
         tool = AnswerTool(
             JSON_OBJECT_TOOL,
             {
@@ -140,7 +140,7 @@ def _json_schema_tool(spec: Any) -> AnswerTool:
         )
     schema = spec.get("schema")
     where = "response_format.json_schema.schema"
-    input_schema = _object_schema(schema, where) if schema is not None else _OPEN_OBJECT
+    input_schema = _object_schema(schema, where) if schema is not None else dict(_OPEN_OBJECT)
     description = spec.get("description")
     entry = {
         "name": name,

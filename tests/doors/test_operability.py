@@ -180,7 +180,7 @@ def test_a_clients_well_formed_request_id_is_kept_on_every_door(mock_upstream, m
     answer = httpx.request(method, gw.url + path, json=body, headers=headers, timeout=20)
     assert answer.headers.get_list("x-request-id") == [mine]
     # the upstream never gets it: what pairs a request's steps upstream stays the gateway's
-    assert all(r["headers"].get("X-Request-Id") != mine for r in mock_upstream.mock.requests)
+    assert all(mine not in r["headers"].values() for r in mock_upstream.mock.requests)
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,23 @@ def test_streaming_request_takes_the_three_steps_in_order_with_vllms_fields(pool
     assert decode.body["stream_options"] == {"include_usage": True}
 
 
+def test_a_clients_own_request_id_never_pairs_the_steps(pools, make_gateway):
+    """The client's x-request-id names its answer, but the id both servers pair on is the
+    gateway's own: a tenant cannot choose (or collide with) another request's pairing id."""
+    p = pools()
+    gw = make_gateway([p.route()])
+    client = sdk_client(gw, default_headers={"x-request-id": "client-chosen-1"})
+    for _ in range(2):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.parse().choices[0].message.content == ANSWER
+    assert raw.headers["x-request-id"] == "client-chosen-1"
+    ids = [step.request_id for step in p.ledger.steps]
+    assert len(ids) == 4 and "client-chosen-1" not in ids
+    assert ids[0] == ids[1] != ids[2] == ids[3]  # one id per request, shared by its two steps
+
+
 def test_non_streaming_and_completions_requests_are_disaggregated_too(pools, make_gateway):
     p = pools()
     gw = make_gateway([p.route()])
