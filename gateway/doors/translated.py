@@ -33,7 +33,11 @@ from gateway.translation.messages_chat import (
     chat_completion_to_message,
     chat_error_to_messages,
 )
-from gateway.translation.responses_chat import ChatToResponsesStream, chat_completion_to_response
+from gateway.translation.responses_chat import (
+    ChatToResponsesStream,
+    chat_completion_to_response,
+    chat_error_to_responses,
+)
 from gateway.upstreams.base import OutEvent
 
 log = logging.getLogger("firsttoken.translated")
@@ -112,7 +116,7 @@ class ResponsesShape:
         return chat_completion_to_response(completion, self.request, self.model)
 
     def error(self, status: int, error: dict) -> dict:
-        return error
+        return chat_error_to_responses(error)
 
     def feed(self, chunk: dict) -> list[bytes]:
         return self._stream.feed(chunk)

@@ -5,6 +5,7 @@ the way the Messages API does (a `tool_use` block; streamed as `input_json_delta
 
 from __future__ import annotations
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -178,6 +179,20 @@ def test_an_untranslatable_schema_is_a_400_naming_the_clients_field(claude, make
     error = info.value
     assert getattr(error, "status_code", None) == 400
     assert error.body["param"] == "response_format.json_schema.schema"  # type: ignore[attr-defined]
+    assert not claude.mock.requests
+
+
+def test_on_the_responses_door_the_error_names_text_format(claude, make_gateway):
+    gw = make_gateway([anthropic_route(claude)])
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk_client(gw).responses.create(
+            model="claude-sonnet-4-5",
+            input="a list",
+            text={"format": {"type": "json_schema", "name": "items", "schema": {"type": "array"}}},
+        )
+    error = info.value.body
+    assert error["param"] == "text.format.schema"
+    assert "'text.format.schema'" in error["message"] and "response_format" not in error["message"]
     assert not claude.mock.requests
 
 
