@@ -309,9 +309,9 @@ def chat_error_to_responses(error: dict) -> dict:
     """A chat error body whose `param` names the `response_format` the request was translated
     into, naming instead the `text.format` field the client sent (its message too)."""
     detail = error.get("error")
-    param = detail.get("param") if isinstance(detail, dict) else None
-    if not isinstance(param, str):
+    if not isinstance(detail, dict) or not isinstance(detail.get("param"), str):
         return error
+    param = detail["param"]
     for chat, own in _FORMAT_PARAMS:
         if param.startswith(chat):
             message = detail.get("message")
