@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -15,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.boundary.request_id import RequestIdMiddleware, next_request_id
+from gateway.boundary.request_id import RequestIdMiddleware, request_id_from
 from gateway.config.settings import Settings, load_settings
 from gateway.doors.chat import ChatDoor
 from gateway.doors.messages import COUNT_TOKENS, MESSAGES, MessagesDoor, anthropic_error
@@ -196,7 +197,7 @@ class HotPath:
         if scope["method"] != "POST":
             # GET /v1/chat/completions is OpenAI's stored-completions list: not served here.
             refused = method_not_allowed(scope["method"], scope["path"], "POST")
-            request_id = next_request_id()
+            request_id = request_id_from(Headers(scope=scope))
             if anthropic:
                 error = GatewayError(405, orjson.loads(refused.body)["error"]["message"])
                 refused = anthropic_error(error, request_id)
@@ -208,7 +209,7 @@ class HotPath:
         try:
             response = await self.door(Request(scope, receive), endpoint)
         except Exception:  # a bug fails this request alone, with a clean 500
-            request_id = next_request_id()
+            request_id = request_id_from(Headers(scope=scope))
             log.exception("request %s: unhandled error on %s", request_id, scope["path"])
             error = GatewayError(500, "Internal gateway error.")
             response = (

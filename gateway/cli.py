@@ -179,8 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s, this machine only; 0.0.0.0: every "
+        "interface)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8080, help="TCP port to listen on (default: %(default)s)"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every request (slower)")
     serve.add_argument(
         "--config",

@@ -360,3 +360,42 @@ def test_prometheus_scrapes_metrics_with_the_admin_key_as_bearer():
     timeout = job.get("scrape_timeout", config["global"].get("scrape_timeout", "10s"))
     assert int(re.fullmatch(r"(\d+)s", timeout).group(1)) <= seconds
     assert all(":" in target for sc in job["static_configs"] for target in sc["targets"])
+
+
+@pytest.fixture
+def before_any_error(mock_upstream, make_gateway) -> set[str]:
+    """The sample names of a gateway that has served one ok request and no error yet."""
+    gw = make_gateway([openai_route(mock_upstream)], admin_keys=ADMIN_KEY)
+    sdk_client(gw).chat.completions.create(
+        model="mock-1", messages=[{"role": "user", "content": "x"}]
+    )
+    scrape = httpx.get(
+        gw.url + "/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20
+    )
+    return {s.name for f in text_string_to_metric_families(scrape.text) for s in f.samples}
+
+
+def test_stat_panels_show_zero_not_no_data_before_their_first_event(before_any_error):
+    """A stat over a counter that appears only with its first event (errors appear with the
+    first error, TTFT counts with the first stream) reads 0 until then: such a counter is summed
+    `or vector(0)`. Where the figure is undefined without data (a quantile, a ratio whose
+    denominator is absent too), "No data" is the truth and stays."""
+    assert "firsttoken_errors_total" not in before_any_error  # the case this guards
+    stats = [p for p in DASHBOARD["panels"] if p.get("type") == "stat"]
+    assert any(p["title"] == "Error ratio" for p in stats)
+    for panel in stats:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if "histogram_quantile" in expr:
+                continue
+            numerator, _, denominator = expr.partition(" / ")
+            if any(name not in before_any_error for name, _ in Query(denominator).selectors):
+                continue
+            for name, _ in Query(numerator).selectors:
+                if name in before_any_error:
+                    continue
+                summed = re.search(
+                    rf"\(sum\(increase\({name}\{{[^}}]*\}}\[[^\]]*\]\)\) or vector\(0\)\)",
+                    expr,
+                )
+                assert summed, f"panel {panel['title']!r}: {name} is 'No data' until it appears"

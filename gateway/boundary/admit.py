@@ -22,7 +22,7 @@ from starlette.requests import Request
 
 from gateway.boundary.auth import KeyRing
 from gateway.boundary.body import parse_request, read_body
-from gateway.boundary.request_id import next_request_id
+from gateway.boundary.request_id import client_request_id, next_request_id
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
 from gateway.errors import GatewayError
@@ -68,7 +68,7 @@ class AdmittedRequest:
 
     request: Request
     api: str  # chat | completions | responses | messages | count_tokens | passthrough | ...
-    request_id: str
+    request_id: str  # what answers and logs name: the client's own when well-formed
     arrival: float
     wall_arrival: float
     tenant: str = ""
@@ -78,6 +78,7 @@ class AdmittedRequest:
     stream: bool = False
     chain: list[Route] = field(default_factory=list)
     offloaded: Any = None  # the worker's parse and preparation of a big body
+    own_id: str = ""  # the gateway's id, unique: what upstreams pair on (never the client's)
 
     @property
     def route(self) -> Route:
@@ -115,13 +116,16 @@ class Admission:
         self.big_bodies = big_bodies
 
     def begin(self, request: Request, api: str) -> AdmittedRequest:
-        """The request named: its id and arrival (every answer carries the id, errors too)."""
+        """The request named: its id and arrival (every answer carries the id, errors too; see
+        `gateway.boundary.request_id` for when the client's own is kept)."""
+        own = next_request_id()
         return AdmittedRequest(
             request=request,
             api=api,
-            request_id=next_request_id(),
+            request_id=client_request_id(request.headers.get("x-request-id")) or own,
             arrival=time.perf_counter(),
             wall_arrival=time.time(),
+            own_id=own,
         )
 
     def authenticate(self, admitted: AdmittedRequest) -> AdmittedRequest:

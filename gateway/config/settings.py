@@ -22,6 +22,7 @@ import difflib
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,12 @@ from policies.config import (
 )
 
 log = logging.getLogger("firsttoken")
+
+# While `load_settings` validates: the fields whose value came from the config file, with the
+# file's key and path, so that an error names what the operator wrote.
+_FILE_SOURCES: ContextVar[Mapping[str, tuple[str, str]] | None] = ContextVar(
+    "file_sources", default=None
+)
 
 REDIS_URL_FALLBACK = "REDIS_URL"
 # FIRSTTOKEN_* variables that are not settings of the gateway but are read elsewhere, so never
@@ -220,7 +227,7 @@ class Settings(BaseModel):
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise SettingsError(_problems(exc)) from None
+            raise SettingsError(_problems(exc, _FILE_SOURCES.get())) from None
 
     # -- validators --------------------------------------------------------------------------
 
@@ -367,23 +374,32 @@ def load_settings(
     values: dict[str, object] = {}
     options: dict[str, object] = {}
     unknown: list[str] = []
+    sources: dict[str, tuple[str, str]] = {}  # field -> (file key, file) for the file's values
     if config_file is not None:
         for key, value in read_config_file(config_file).items():
             where = f"{key!r} in {config_file}"
             _sort_in(str(key).upper(), value, values, options, unknown, where, "")
+            sources[str(key).lower()] = (str(key), str(config_file))
     for name, value in environ.items():
         upper = name.upper()
         if upper.startswith(ENV_PREFIX):
             key = upper[len(ENV_PREFIX) :]
             _sort_in(key, value, values, options, unknown, name, ENV_PREFIX)
+            sources.pop(key.lower(), None)  # the variable overrides the file
     values.update(overrides)
+    for name in overrides:
+        sources.pop(name, None)
     if options:
         values.setdefault("policy_options", options)
     wanted = {*PROVIDER_KEY_VARIABLES, REDIS_URL_FALLBACK}
     values.setdefault("captured_env", _capture(environ, wanted))
     for message in unknown:  # before validation: a typo may be why a value is missing
         log.warning(message)
-    settings = Settings(**values)
+    token = _FILE_SOURCES.set(sources)  # a bad value is named where it came from
+    try:
+        settings = Settings(**values)
+    finally:
+        _FILE_SOURCES.reset(token)
     if "captured_env" not in overrides:  # now that the routes are known, their keys too
         route_variables = {
             v for r in settings.routes or () for v in r.key_variables() | r.credential_variables()
@@ -438,18 +454,28 @@ def _capture(environ: Mapping[str, str], names: Iterable[str]) -> dict[str, Secr
     return {name: SecretStr(environ[name]) for name in names if environ.get(name)}
 
 
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(_describe(error) for error in exc.errors())
+def _problems(exc: ValidationError, sources: Mapping[str, tuple[str, str]] | None = None) -> str:
+    return "; ".join(_describe(error, sources or {}) for error in exc.errors())
 
 
-def _describe(error: ErrorDetails) -> str:
-    """One pydantic error as `FIRSTTOKEN_ROUTES[0].kind: Input should be ...`."""
+def _describe(error: ErrorDetails, sources: Mapping[str, tuple[str, str]]) -> str:
+    """One pydantic error as `FIRSTTOKEN_ROUTES[0].kind: Input should be ...`, or, for a value
+    from the config file, under the file's own key: `routes[0].kind in firsttoken.toml: ...`."""
     message = error["msg"].removeprefix("Value error, ")
     loc = error["loc"]
-    if not loc or message.startswith(ENV_PREFIX):
+    if not loc:
         return message
+    field = str(loc[0])
+    variable = f"{ENV_PREFIX}{field.upper()}"
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:])
-    return f"{ENV_PREFIX}{str(loc[0]).upper()}{where}: {message}"
+    source = sources.get(field)
+    if source is None:
+        return message if message.startswith(ENV_PREFIX) else f"{variable}{where}: {message}"
+    key, file = source
+    if message.startswith(variable):  # a validator's message that names the variable itself
+        path, colon, detail = message[len(variable) :].partition(":")
+        return f"{key}{path} in {file}{colon}{detail}"
+    return f"{key}{where} in {file}: {message}"
 
 
 # -- what there is to set --------------------------------------------------------------------

@@ -33,7 +33,11 @@ from gateway.translation.messages_chat import (
     chat_completion_to_message,
     chat_error_to_messages,
 )
-from gateway.translation.responses_chat import ChatToResponsesStream, chat_completion_to_response
+from gateway.translation.responses_chat import (
+    ChatToResponsesStream,
+    chat_completion_to_response,
+    chat_error_to_responses,
+)
 from gateway.upstreams.base import OutEvent
 
 log = logging.getLogger("firsttoken.translated")
@@ -59,6 +63,8 @@ def translate_request(
 class AnswerShape(Protocol):
     """How one client API's answers are built from chat's."""
 
+    @property
+    def request_id_names(self) -> Sequence[bytes]: ...
     def whole(self, completion: dict) -> dict: ...
     def error(self, status: int, error: dict) -> dict: ...
     def feed(self, chunk: dict) -> list[bytes]: ...
@@ -69,6 +75,8 @@ class AnswerShape(Protocol):
 
 class MessagesShape:
     """Anthropic's Messages API."""
+
+    request_id_names = (b"request-id",)  # the header Anthropic's SDK reads as `_request_id`
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -97,6 +105,8 @@ class MessagesShape:
 class ResponsesShape:
     """OpenAI's Responses API (its errors are OpenAI's, as chat's are)."""
 
+    request_id_names: tuple[bytes, ...] = ()
+
     def __init__(self, request: dict, model: str) -> None:
         self.request = request
         self.model = model
@@ -106,7 +116,7 @@ class ResponsesShape:
         return chat_completion_to_response(completion, self.request, self.model)
 
     def error(self, status: int, error: dict) -> dict:
-        return error
+        return chat_error_to_responses(error)
 
     def feed(self, chunk: dict) -> list[bytes]:
         return self._stream.feed(chunk)
@@ -137,6 +147,7 @@ class TranslatedFormat:
         self.finished = False
         joined = "; ".join(notes)
         self.headers = [(NOTES_HEADER, joined.encode("latin-1", "replace"))] if joined else []
+        self.request_id_names = shape.request_id_names
 
     def events(self, batch: list[OutEvent], keep_usage: bool) -> bytes:
         out: list[bytes] = []

@@ -24,6 +24,11 @@ class AnswerFormat(Protocol):
     def headers(self) -> Sequence[tuple[bytes, bytes]]:
         """Response headers the format adds (e.g. what a translation could not carry over)."""
 
+    @property
+    def request_id_names(self) -> Sequence[bytes]:
+        """Further header names that repeat the answer's `x-request-id` (Anthropic's SDK reads
+        `request-id`)."""
+
     def events(self, batch: list[OutEvent], keep_usage: bool) -> bytes:
         """The bytes to write for a batch of upstream events (`keep_usage`: the client asked
         for the usage chunk of a chat stream)."""
@@ -46,6 +51,7 @@ class ChatFormat:
     reads only an event whose bytes mention usage)."""
 
     headers: Sequence[tuple[bytes, bytes]] = ()
+    request_id_names: Sequence[bytes] = ()
 
     def events(self, batch: list[OutEvent], keep_usage: bool) -> bytes:
         if len(batch) == 1:

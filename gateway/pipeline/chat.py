@@ -152,4 +152,5 @@ class ChatPipeline:
             response_headers={"x-firsttoken-policies": applied},
             forward_headers={name: headers[name] for name in FORWARDED_HEADERS if name in headers},
             report=report,
+            own_id=admitted.own_id or admitted.request_id,
         )

@@ -27,7 +27,7 @@ class PreparedRequest:
 
     endpoint: str  # "chat" | "completions": the upstream API it is sent as
     tenant: str
-    request_id: str
+    request_id: str  # what the answer names (the client's own, when well-formed)
     model: str  # as the client named it
     chain: list[Route]
     bodies: RouteBodies
@@ -36,6 +36,7 @@ class PreparedRequest:
     forward_headers: dict[str, str] = field(default_factory=dict)
     # Headers measured while the upstream request is in flight (tokens saved, prefix breaks).
     report: asyncio.Future[dict[str, str]] | None = None
+    own_id: str = ""  # the gateway's unique id, which upstreams get (`CallContext.request_id`)
 
     def body_for(self, route: Route) -> UpstreamBody:
         return self.bodies.for_route(route)

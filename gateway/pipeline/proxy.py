@@ -51,7 +51,7 @@ class Proxy:
             plan.endpoint,
             plan.tenant,
             body.get("model", ""),
-            plan.request_id,
+            plan.own_id or plan.request_id,  # unique: a pd route pairs its steps on it
             plan.forward_headers,
             plan.model,
         )
@@ -166,20 +166,28 @@ class Proxy:
             media_type=None,
             headers={"content-type": result.content_type, **headers},
         )
-        response.raw_headers.extend(upstream_headers(plan, result.headers))
+        response.raw_headers.extend(upstream_headers(plan, result.headers, answer))
         response.raw_headers.extend(answer.headers)
         return response
 
 
 def upstream_headers(
-    plan: PreparedRequest, relayed: list[tuple[bytes, bytes]] | None
+    plan: PreparedRequest,
+    relayed: list[tuple[bytes, bytes]] | None,
+    answer: AnswerFormat = CHAT,
 ) -> list[tuple[bytes, bytes]]:
-    """The upstream's relayed headers, plus the gateway's own `x-request-id` when the upstream
-    sent none: every answer names a request id the client can quote."""
+    """The upstream's relayed headers, plus the request's own `x-request-id` when the upstream
+    sent none: every answer names a request id the client can quote, under each name the
+    client's API reads (`answer.request_id_names`)."""
     if has_request_id(relayed):
-        return relayed  # type: ignore[return-value]  # has_request_id: not None
-    own = (b"x-request-id", plan.request_id.encode())
-    return [*relayed, own] if relayed else [own]
+        out: list[tuple[bytes, bytes]] = relayed  # type: ignore[assignment]  # not None
+    else:
+        own = (b"x-request-id", plan.request_id.encode())
+        out = [*relayed, own] if relayed else [own]
+    if answer.request_id_names:
+        named = next(value for name, value in out if name == b"x-request-id")
+        out = [*out, *((name, named) for name in answer.request_id_names)]
+    return out
 
 
 def log_failure(plan: PreparedRequest, exc: UpstreamError) -> None:
@@ -225,6 +233,6 @@ def upstream_error_response(
         if exc.retry_after is not None and status == 503 and not exc.headers:
             response.headers["retry-after"] = str(int(exc.retry_after))
     # The upstream's Retry-After, rate-limit and request-id headers, as it sent them.
-    response.raw_headers.extend(upstream_headers(plan, exc.headers))
+    response.raw_headers.extend(upstream_headers(plan, exc.headers, answer))
     response.raw_headers.extend(answer.headers)
     return response

@@ -106,7 +106,7 @@ class StreamRelay:
             raw = [
                 *SSE_RAW_HEADERS,
                 *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-                *upstream_headers(self.plan, self._relayed),
+                *upstream_headers(self.plan, self._relayed, self.answer),
                 *self.answer.headers,
             ]
             await send({"type": "http.response.start", "status": 200, "headers": raw})

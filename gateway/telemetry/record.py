@@ -88,6 +88,13 @@ class RequestRecord:
                 "telemetry event of request %s lost: %s", self.request_id, type(exc).__name__
             )
 
+    def _prompt_taken(self) -> bool:
+        """Whether the upstream took the (slimmed) prompt: the request ended ok, or its client
+        left once the answer had begun. What a failed request's policies saved saved nothing."""
+        if self.status == "ok":
+            return True
+        return self.status == "client_gone" and self.upstream_first_content is not None
+
     def to_event(self) -> RequestEvent:
         end = time.perf_counter()
         usage = self.usage if isinstance(self.usage, dict) else {}
@@ -113,7 +120,7 @@ class RequestRecord:
             mean_itl_s=mean_itl,
             prompt_tokens=token_count(usage.get("prompt_tokens")),
             cached_prompt_tokens=cached_prompt_tokens(usage),
-            prompt_tokens_saved=self.prompt_tokens_saved,
+            prompt_tokens_saved=self.prompt_tokens_saved if self._prompt_taken() else 0,
             fallback=self.fallback,
             hedged=self.hedged,
             api=self.api,

@@ -67,11 +67,17 @@ def openai_usage(usage: Any) -> dict:
     return from_anthropic(usage)
 
 
-def to_openai_response(resp: dict, model: str, *, created: int | None = None) -> dict:
-    """Translate a non-streaming Anthropic message into an OpenAI `chat.completion`."""
+def to_openai_response(
+    resp: dict, model: str, *, created: int | None = None, answer_tool: str | None = None
+) -> dict:
+    """Translate a non-streaming Anthropic message into an OpenAI `chat.completion`.
+
+    `answer_tool`: the tool that carries a structured answer (`anthropic_structured`); its
+    first call's input is the message's content, as JSON text, and not a tool call."""
     texts: list[str] = []
     thoughts: list[str] = []
     tool_calls: list[dict] = []
+    answered = False
     content = resp.get("content")
     for block in content if isinstance(content, list) else ():
         if not isinstance(block, dict):
@@ -81,6 +87,10 @@ def to_openai_response(resp: dict, model: str, *, created: int | None = None) ->
             texts.append(block.get("text", ""))
         elif kind == "thinking":
             thoughts.append(block.get("thinking", ""))
+        elif kind == "tool_use" and answer_tool is not None and block.get("name") == answer_tool:
+            if not answered:
+                answered = True
+                texts.append(orjson.dumps(_obj(block.get("input"))).decode())
         elif kind == "tool_use":
             tool_calls.append(
                 {
@@ -111,11 +121,18 @@ def to_openai_response(resp: dict, model: str, *, created: int | None = None) ->
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": finish_reason(resp.get("stop_reason")) or "stop",
+                "finish_reason": _answered_reason(
+                    finish_reason(resp.get("stop_reason")) or "stop", answered, bool(tool_calls)
+                ),
             }
         ],
         "usage": openai_usage(resp.get("usage")),
     }
+
+
+def _answered_reason(reason: str, answered: bool, tool_calls: bool) -> str:
+    """A structured answer ends like OpenAI's, `stop`, though Anthropic stopped for a tool."""
+    return "stop" if answered and not tool_calls and reason == "tool_calls" else reason
 
 
 class AnthropicStreamTranslator:
@@ -123,6 +140,8 @@ class AnthropicStreamTranslator:
 
     Only `tool_use` blocks become OpenAI tool calls; their OpenAI `index` counts tool blocks
     alone, while Anthropic's block index counts every block, so the translator keeps the map.
+    The `answer_tool`'s block (a structured answer, `anthropic_structured`) is content instead:
+    each `input_json_delta` of it a content delta.
     """
 
     def __init__(
@@ -132,6 +151,7 @@ class AnthropicStreamTranslator:
         include_usage: bool,
         created: int | None = None,
         request_id: str | None = None,
+        answer_tool: str | None = None,
     ):
         self.model = model
         self.include_usage = include_usage
@@ -140,6 +160,9 @@ class AnthropicStreamTranslator:
         self.usage: dict | None = None
         self._anthropic_usage: dict = {}
         self._tool_index_by_block: dict[int, int] = {}
+        self._answer_tool = answer_tool
+        self._answer_block: int | None = None
+        self._answer_sent = False
 
     def feed(self, event: str, data: dict) -> list[dict]:
         """Translate one event (its SSE name and parsed data) into zero or more chunks."""
@@ -152,6 +175,8 @@ class AnthropicStreamTranslator:
             return self._on_message_start(_obj(data.get("message")))
         if kind == "message_delta":
             return self._on_message_delta(data)
+        if kind == "content_block_stop":
+            return self._on_block_stop(data)
         if kind == "message_stop":
             if self.include_usage and self.usage is not None:
                 return [{**self._chunk_head(), "choices": [], "usage": self.usage}]
@@ -162,7 +187,7 @@ class AnthropicStreamTranslator:
                 str(error.get("message") or "upstream stream error"),
                 str(error.get("type") or "api_error"),
             )
-        return []  # ping, content_block_stop, and event types added after this was written
+        return []  # ping, and event types added after this was written
 
     def _on_message_start(self, message: dict) -> list[dict]:
         if self.id is None:
@@ -173,6 +198,15 @@ class AnthropicStreamTranslator:
     def _on_block_start(self, data: dict) -> list[dict]:
         block = _obj(data.get("content_block"))
         kind = block.get("type")
+        if kind == "tool_use" and self._is_answer(block):
+            if self._answer_block is not None:
+                return []  # a second answer: only the first is the content, as in whole ones
+            self._answer_block = data.get("index", 0)
+            initial_input = block.get("input")
+            if not initial_input:
+                return []
+            self._answer_sent = True
+            return [self._chunk({"content": orjson.dumps(initial_input).decode()})]
         if kind == "tool_use":
             tool_index = len(self._tool_index_by_block)
             self._tool_index_by_block[data.get("index", 0)] = tool_index
@@ -199,6 +233,11 @@ class AnthropicStreamTranslator:
             return [self._chunk({"content": text})] if text else []
         if kind == "input_json_delta":
             fragment = delta.get("partial_json")
+            if self._answer_block is not None and data.get("index", 0) == self._answer_block:
+                if not fragment or not isinstance(fragment, str):
+                    return []
+                self._answer_sent = True
+                return [self._chunk({"content": fragment})]
             tool_index = self._tool_index_by_block.get(data.get("index", 0))
             if not fragment or tool_index is None:
                 return []
@@ -209,12 +248,26 @@ class AnthropicStreamTranslator:
             return [self._chunk({"reasoning_content": thinking})] if thinking else []
         return []  # signature_delta, citations_delta: nothing OpenAI clients can use
 
+    def _on_block_stop(self, data: dict) -> list[dict]:
+        """The end of the answer block: an answer with no input at all is the empty object."""
+        if self._answer_block is None or data.get("index", 0) != self._answer_block:
+            return []
+        if self._answer_sent:
+            return []
+        self._answer_sent = True
+        return [self._chunk({"content": "{}"})]
+
     def _on_message_delta(self, data: dict) -> list[dict]:
         self._update_usage(_obj(data.get("usage")))
         reason = finish_reason(_obj(data.get("delta")).get("stop_reason"))
         if reason is None:
             return []
+        answered = self._answer_block is not None
+        reason = _answered_reason(reason, answered, bool(self._tool_index_by_block))
         return [self._chunk({}, finish_reason=reason)]
+
+    def _is_answer(self, block: dict) -> bool:
+        return self._answer_tool is not None and block.get("name") == self._answer_tool
 
     def _update_usage(self, usage: dict) -> None:
         """Anthropic's counts are cumulative; later events may repeat or raise earlier ones."""

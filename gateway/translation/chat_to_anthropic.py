@@ -16,6 +16,9 @@ from typing import Any
 
 import orjson
 
+from gateway.translation.anthropic_structured import add_answer_tool, answer_tool
+from gateway.translation.errors import TranslationError as TranslationError
+
 DEFAULT_MAX_TOKENS = 4096
 
 # OpenAI request fields that have no Anthropic counterpart. They are dropped rather than
@@ -52,21 +55,13 @@ ANTHROPIC_NATIVE_FIELDS = ("top_k", "thinking", "output_config", "cache_control"
 _IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
-class TranslationError(ValueError):
-    """A request that cannot be expressed for Anthropic; the gateway answers it with a 400."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
 def to_anthropic_request(body: dict, model: str) -> dict:
     """Translate an OpenAI chat completion request body into an Anthropic Messages body."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise TranslationError("'messages' must be a non-empty list", "messages")
     _reject_untranslatable(body)
+    answer = answer_tool(body)
     system, turns = _translate_messages(messages)
 
     out: dict[str, Any] = {"model": model, "max_tokens": _max_tokens(body)}
@@ -81,6 +76,8 @@ def to_anthropic_request(body: dict, model: str) -> dict:
         )
         if tool_choice is not None:
             out["tool_choice"] = tool_choice
+    if answer is not None:
+        add_answer_tool(out, answer)
     stop = body.get("stop")
     if stop is not None:
         out["stop_sequences"] = _stop_sequences(stop)
@@ -111,12 +108,6 @@ def _reject_untranslatable(body: dict) -> None:
         raise TranslationError(
             "legacy 'functions'/'function_call' are unsupported for Anthropic models; use 'tools'",
             "functions",
-        )
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-        raise TranslationError(
-            "'response_format' json_schema is not supported for Anthropic models; use a tool",
-            "response_format",
         )
 
 

@@ -296,6 +296,34 @@ def _response_format(text: Any) -> dict | None:
     )
 
 
+# The chat fields a Responses request's `text.format` became, and its own names for them.
+_FORMAT_PARAMS = (
+    ("response_format.json_schema.", "text.format."),
+    ("response_format.json_schema", "text.format"),
+    ("response_format.", "text.format."),
+    ("response_format", "text.format"),
+)
+
+
+def chat_error_to_responses(error: dict) -> dict:
+    """A chat error body whose `param` names the `response_format` the request was translated
+    into, naming instead the `text.format` field the client sent (its message too)."""
+    detail = error.get("error")
+    if not isinstance(detail, dict) or not isinstance(detail.get("param"), str):
+        return error
+    param = detail["param"]
+    for chat, own in _FORMAT_PARAMS:
+        if param.startswith(chat):
+            message = detail.get("message")
+            if isinstance(message, str):
+                message = message.replace(param, own + param[len(chat) :])
+            return {
+                **error,
+                "error": {**detail, "param": own + param[len(chat) :], "message": message},
+            }
+    return error
+
+
 # --- whole responses --------------------------------------------------------------------------
 
 

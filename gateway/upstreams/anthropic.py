@@ -28,6 +28,7 @@ from gateway.translation.anthropic import (
     AnthropicStreamError,
     AnthropicStreamTranslator,
     TranslationError,
+    answer_tool,
     error_to_openai,
     to_anthropic_request,
     to_openai_response,
@@ -89,14 +90,17 @@ class AnthropicUpstream(RemoteUpstream):
             method, path, headers, data, client_chosen=("anthropic-version",)
         )
 
-    def _translate(self, body: dict, ctx: CallContext) -> bytes:
-        return encode_body(messages_body(body, ctx, self.route))
+    def _translate(self, body: dict, ctx: CallContext) -> tuple[bytes, str | None]:
+        translated, answer = messages_body(body, ctx, self.route)
+        return encode_body(translated), answer
 
-    async def _post_translated(self, body: dict, ctx: CallContext) -> aiohttp.ClientResponse:
-        payload = self._translate(body, ctx)
+    async def _post_translated(
+        self, body: dict, ctx: CallContext
+    ) -> tuple[aiohttp.ClientResponse, str | None]:
+        payload, answer = self._translate(body, ctx)
         extra = {k: v for k, v in ctx.forward_headers.items() if k.startswith("anthropic-")}
         try:
-            return await self.http.post("/messages", payload, extra)
+            return await self.http.post("/messages", payload, extra), answer
         except UpstreamError as exc:
             if exc.body is not None:
                 exc.body = orjson.dumps(error_to_openai(exc.status, exc.body))
@@ -104,20 +108,22 @@ class AnthropicUpstream(RemoteUpstream):
             raise
 
     async def open_stream(self, body: dict, ctx: CallContext) -> AnthropicEventStream:
-        resp = await self._post_translated({**body, "stream": True}, ctx)
+        resp, answer = await self._post_translated({**body, "stream": True}, ctx)
         self.http.expect(resp, stream=True)
-        return anthropic_stream(resp, ctx, self.max_event_bytes, self.route)
+        return anthropic_stream(resp, ctx, self.max_event_bytes, self.route, answer)
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
-        resp = await self._post_translated({**body, "stream": False}, ctx)
+        resp, answer = await self._post_translated({**body, "stream": False}, ctx)
         self.http.expect(resp, stream=False)
-        return anthropic_completed(await self.http.read_body(resp), resp, ctx, self.route)
+        raw = await self.http.read_body(resp)
+        return anthropic_completed(raw, resp, ctx, self.route, answer)
 
 
-def messages_body(body: dict, ctx: CallContext, route: Route) -> dict:
-    """The Messages body for a chat body, or a 400 naming the field that cannot be translated:
-    a client's malformed input is never an upstream failure (502) nor retried. Shared by every
-    kind that serves Anthropic models (`anthropic`, `vertex`)."""
+def messages_body(body: dict, ctx: CallContext, route: Route) -> tuple[dict, str | None]:
+    """The Messages body for a chat body and the name of its structured-answer tool (None
+    without one), or a 400 naming the field that cannot be translated: a client's malformed
+    input is never an upstream failure (502) nor retried. Shared by every kind that serves
+    Anthropic models (`anthropic`, `vertex`, `bedrock`)."""
     if ctx.endpoint != "chat":
         raise client_error(
             f"the {route.kind} route kind serves /v1/chat/completions only for Anthropic "
@@ -125,7 +131,8 @@ def messages_body(body: dict, ctx: CallContext, route: Route) -> dict:
             "model",
         )
     try:
-        return to_anthropic_request(body, ctx.upstream_model)
+        translated = to_anthropic_request(body, ctx.upstream_model)
+        answer = answer_tool(body)
     except TranslationError as exc:
         raise client_error(str(exc), exc.param) from None
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
@@ -134,28 +141,39 @@ def messages_body(body: dict, ctx: CallContext, route: Route) -> dict:
         raise client_error(
             f"the request cannot be translated for an Anthropic model ({type(exc).__name__})"
         ) from None
+    return translated, answer.name if answer is not None else None
 
 
 def anthropic_stream(
-    resp: aiohttp.ClientResponse, ctx: CallContext, max_event_bytes: int, route: Route
+    resp: aiohttp.ClientResponse,
+    ctx: CallContext,
+    max_event_bytes: int,
+    route: Route,
+    answer: str | None = None,
 ) -> AnthropicEventStream:
-    """An Anthropic SSE answer read as OpenAI chunks, usage always included."""
+    """An Anthropic SSE answer read as OpenAI chunks, usage always included; `answer`: the
+    structured-answer tool whose input is the client's content."""
     translator = AnthropicStreamTranslator(
         ctx.client_model or ctx.upstream_model,
         include_usage=True,
         created=int(time.time()),
         request_id=f"chatcmpl-{ctx.request_id}",
+        answer_tool=answer,
     )
     return AnthropicEventStream(resp, translator, max_event_bytes, route.name)
 
 
 def anthropic_completed(
-    raw: bytes, resp: aiohttp.ClientResponse, ctx: CallContext, route: Route
+    raw: bytes,
+    resp: aiohttp.ClientResponse,
+    ctx: CallContext,
+    route: Route,
+    answer: str | None = None,
 ) -> Completed:
     """A whole Anthropic message as an OpenAI `chat.completion`."""
     parsed = json_object_body(raw, route.name)
     try:
-        out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model)
+        out = to_openai_response(parsed, ctx.client_model or ctx.upstream_model, answer_tool=answer)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UpstreamError(
             "upstream sent a malformed Anthropic response", status=502, retryable=False

@@ -134,7 +134,7 @@ class CallContext:
     endpoint: str  # "chat" | "completions"
     tenant: str
     upstream_model: str
-    request_id: str
+    request_id: str  # the gateway's own, unique per request (never a client's x-request-id)
     forward_headers: dict[str, str] = field(default_factory=dict)
     client_model: str = ""  # the name the client asked for, which answers carry
     hedged: bool = False  # set by a replicated route that sent this request twice

@@ -25,6 +25,7 @@ from gateway.paths import PassPath
 from gateway.translation.anthropic import (
     AnthropicStreamTranslator,
     TranslationError,
+    answer_tool,
     to_anthropic_request,
 )
 from gateway.translation.anthropic import to_openai_response as anthropic_to_openai
@@ -125,18 +126,21 @@ class BedrockUpstream(RemoteUpstream):
 
     # -- chat --------------------------------------------------------------------------------
 
-    def _chat_body(self, body: dict, ctx: CallContext) -> tuple[bool, bytes]:
-        """Whether the model is Claude, and the body for its API; a 400 for what cannot be
-        translated."""
+    def _chat_body(self, body: dict, ctx: CallContext) -> tuple[bool, bytes, str | None]:
+        """Whether the model is Claude, the body for its API and, for Claude, the name of the
+        structured-answer tool (None without one); a 400 for what cannot be translated."""
         if ctx.endpoint != "chat":
             raise client_error(
                 "the bedrock route kind serves /v1/chat/completions only, not /v1/completions",
                 "model",
             )
         claude = is_anthropic_model(ctx.upstream_model)
+        answer = None
         try:
             if claude:
                 translated = to_anthropic_request(body, ctx.upstream_model)
+                tool = answer_tool(body)
+                answer = tool.name if tool is not None else None
                 translated.pop("metadata", None)  # InvokeModel takes no `metadata`
                 beta = ctx.forward_headers.get("anthropic-beta")
                 out = bedrock_anthropic_body(translated, beta)
@@ -151,10 +155,10 @@ class BedrockUpstream(RemoteUpstream):
             raise client_error(
                 f"the request cannot be translated for Bedrock ({type(exc).__name__})"
             ) from None
-        return claude, encode_body(out)
+        return claude, encode_body(out), answer
 
     async def open_stream(self, body: dict, ctx: CallContext) -> BedrockEventStream:
-        claude, payload = self._chat_body(body, ctx)
+        claude, payload, answer = self._chat_body(body, ctx)
         action = "invoke-with-response-stream" if claude else "converse-stream"
         resp = await self.post(model_path(ctx.upstream_model, action), payload, stream=True)
         model = ctx.client_model or ctx.upstream_model
@@ -163,7 +167,11 @@ class BedrockUpstream(RemoteUpstream):
         if claude:
             source = AnthropicChunks(
                 AnthropicStreamTranslator(
-                    model, include_usage=True, created=created, request_id=request_id
+                    model,
+                    include_usage=True,
+                    created=created,
+                    request_id=request_id,
+                    answer_tool=answer,
                 )
             )
         else:
@@ -180,14 +188,16 @@ class BedrockUpstream(RemoteUpstream):
         return stream
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
-        claude, payload = self._chat_body(body, ctx)
+        claude, payload, answer = self._chat_body(body, ctx)
         action = "invoke" if claude else "converse"
         resp = await self.post(model_path(ctx.upstream_model, action), payload, stream=False)
         parsed = json_object_body(await self.http.read_body(resp), self.route.name)
         model = ctx.client_model or ctx.upstream_model
         try:
             out = (
-                anthropic_to_openai(parsed, model) if claude else converse_to_openai(parsed, model)
+                anthropic_to_openai(parsed, model, answer_tool=answer)
+                if claude
+                else converse_to_openai(parsed, model)
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UpstreamError(

@@ -118,14 +118,15 @@ class VertexUpstream(RemoteUpstream):
 
     async def _post_claude(
         self, body: dict, ctx: CallContext, stream: bool
-    ) -> aiohttp.ClientResponse:
-        translated = messages_body({**body, "stream": stream}, ctx, self.route)
+    ) -> tuple[aiohttp.ClientResponse, str | None]:
+        """The Claude request and the name of its structured-answer tool (None without one)."""
+        translated, answer = messages_body({**body, "stream": stream}, ctx, self.route)
         payload = encode_body(vertex_messages_body(translated))
         path = self._anthropic_path(ctx.upstream_model, stream)
         headers, token = await self._auth()
         headers.update((k, v) for k, v in ctx.forward_headers.items() if k == "anthropic-beta")
         try:
-            return await self.http.post(path, payload, headers)
+            return await self.http.post(path, payload, headers), answer
         except UpstreamError as exc:
             raise vertex_error(exc, token) from None
 
@@ -135,10 +136,10 @@ class VertexUpstream(RemoteUpstream):
 
     async def open_stream(self, body: dict, ctx: CallContext) -> EventStream:
         if is_anthropic_model(ctx.upstream_model):
-            resp = await self._post_claude(body, ctx, stream=True)
+            resp, answer = await self._post_claude(body, ctx, stream=True)
             self.http.expect(resp, stream=True)
             stream: AnthropicEventStream = anthropic_stream(
-                resp, ctx, self.max_event_bytes, self.route
+                resp, ctx, self.max_event_bytes, self.route, answer
             )
             return stream
         headers, token = await self._auth()
@@ -146,9 +147,10 @@ class VertexUpstream(RemoteUpstream):
 
     async def complete(self, body: dict, ctx: CallContext) -> Completed:
         if is_anthropic_model(ctx.upstream_model):
-            resp = await self._post_claude(body, ctx, stream=False)
+            resp, answer = await self._post_claude(body, ctx, stream=False)
             self.http.expect(resp, stream=False)
-            return anthropic_completed(await self.http.read_body(resp), resp, ctx, self.route)
+            raw = await self.http.read_body(resp)
+            return anthropic_completed(raw, resp, ctx, self.route, answer)
         headers, token = await self._auth()
         return await self._gemini(ctx, token).complete(body, ctx, headers)
 

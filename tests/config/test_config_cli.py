@@ -53,7 +53,15 @@ def test_help_shows_defaults_as_an_operator_writes_them(capsys):
     assert "--config" in text
 
 
-def test_serve_reads_the_config_file_and_exits_2_naming_the_variable(tmp_path):
+def test_serve_reads_the_config_file_and_exits_2_naming_the_files_key(tmp_path):
     path = tmp_path / "firsttoken.toml"
     path.write_text("keepalive_s = -1\n")
-    assert "FIRSTTOKEN_KEEPALIVE_S" in serve_refusal("--config", str(path))
+    assert f"keepalive_s in {path}: " in serve_refusal("--config", str(path))
+
+
+def test_serve_help_describes_host_and_port(capsys):
+    text = help_text(capsys)
+    for option in ("--host", "--port"):
+        (line,) = [line for line in text.splitlines() if line.strip().startswith(option)]
+        described = line.split(option, 1)[1].split(None, 1)  # metavar, then the help
+        assert len(described) == 2 and "default" in described[1], line

@@ -71,11 +71,29 @@ def test_an_unknown_key_in_the_file_is_a_warning_with_a_suggestion(tmp_path, cap
     assert any("'timeout'" in m and str(path) in m and "timeout_s?" in m for m in messages)
 
 
-def test_a_bad_value_in_the_file_names_the_variable(tmp_path):
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ('max_body_bytes = "lots"\n', "max_body_bytes in {path}: Input should be"),
+        # a validator's own message names the variable: the file's key replaces it
+        ('tenant_keys = "no-colon"\n', "tenant_keys in {path}:"),
+        ('[[routes]]\nname = "r"\nmodels = ["*"]\nkind = "nope"\n', "routes[0].kind in {path}:"),
+    ],
+)
+def test_a_bad_value_in_the_file_is_named_by_the_files_key(tmp_path, text, named):
     path = tmp_path / "f.toml"
-    path.write_text('max_body_bytes = "lots"\n')
-    with pytest.raises(SettingsError, match="FIRSTTOKEN_MAX_BODY_BYTES"):
+    path.write_text(text)
+    with pytest.raises(SettingsError) as err:
         load_settings(environ={}, config_file=path)
+    assert named.format(path=path) in str(err.value)
+    assert "FIRSTTOKEN_" not in str(err.value)
+
+
+def test_a_bad_variable_over_the_file_is_named_by_the_variable(tmp_path):
+    path = tmp_path / "f.toml"
+    path.write_text("max_body_bytes = 1000\n")
+    with pytest.raises(SettingsError, match=r"^FIRSTTOKEN_MAX_BODY_BYTES: "):
+        load_settings(environ={"FIRSTTOKEN_MAX_BODY_BYTES": "lots"}, config_file=path)
 
 
 @pytest.mark.parametrize(

@@ -157,3 +157,68 @@ def test_the_request_id_a_client_got_is_in_the_gateways_log(mock_upstream, make_
     request_id = caught.value.response.headers["x-request-id"]
     assert request_id.startswith("req_")
     assert any(request_id in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "door", ["chat", "chat-stream", "responses", "messages", "models", "unrouted", "405"]
+)
+def test_a_clients_well_formed_request_id_is_kept_on_every_door(mock_upstream, make_gateway, door):
+    gw = make_gateway([openai_route(mock_upstream)])
+    mine = "trace-01HZX3:span.7/ab+c="
+    headers = {"x-request-id": mine, "authorization": "Bearer k"}
+    chat = {"model": "mock-a", "messages": MESSAGES}
+    calls = {
+        "chat": ("POST", "/v1/chat/completions", chat),
+        "chat-stream": ("POST", "/v1/chat/completions", {**chat, "stream": True}),
+        "responses": ("POST", "/v1/responses", {"model": "mock-a", "input": "hi"}),
+        "messages": ("POST", "/v1/messages", {**chat, "max_tokens": 5}),
+        "models": ("GET", "/v1/models", None),
+        "unrouted": ("POST", "/v1/chat/completions", {**chat, "model": "unrouted"}),
+        "405": ("GET", "/v1/chat/completions", None),
+    }
+    method, path, body = calls[door]
+    answer = httpx.request(method, gw.url + path, json=body, headers=headers, timeout=20)
+    assert answer.headers.get_list("x-request-id") == [mine]
+    # the upstream never gets it: what pairs a request's steps upstream stays the gateway's
+    assert all(mine not in r["headers"].values() for r in mock_upstream.mock.requests)
+
+
+@pytest.mark.parametrize(
+    "sent", ["", "a" * 129, "has space", "semi;colon", "ünïcode", "new\\nline", 'q"uote']
+)
+def test_a_malformed_request_id_is_replaced_by_the_gateways(mock_upstream, make_gateway, sent):
+    gw = make_gateway([openai_route(mock_upstream)])
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "mock-a", "messages": MESSAGES},
+        headers={"x-request-id": sent.encode("utf-8")},
+        timeout=20,
+    )
+    assert answer.status_code == 200
+    (named,) = answer.headers.get_list("x-request-id")
+    assert named.startswith("req_") and named != sent
+
+
+def test_a_translated_messages_answer_names_its_id_as_the_anthropic_sdk_reads_it(
+    mock_upstream, make_gateway
+):
+    import anthropic
+
+    gw = make_gateway([openai_route(mock_upstream)])
+    client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0, timeout=20)
+    request = {"model": "mock-a", "max_tokens": 5, "messages": MESSAGES}
+    whole = client.messages.with_raw_response.create(**request)
+    assert whole.request_id and whole.request_id == whole.headers["x-request-id"]
+    assert whole.request_id.startswith("req_")
+    assert whole.parse()._request_id == whole.request_id
+    streamed = client.messages.with_raw_response.create(**request, stream=True)
+    assert streamed.request_id and streamed.request_id == streamed.headers["x-request-id"]
+    assert [event.type for event in streamed.parse()][-1] == "message_stop"
+    mock_upstream.mock.behaviour.fail_statuses = [400]  # an upstream error, translated
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(**request)
+    assert caught.value.request_id == caught.value.response.headers["x-request-id"]
+    kept = client.messages.with_raw_response.create(
+        **request, extra_headers={"x-request-id": "my-trace-1"}
+    )
+    assert kept.request_id == "my-trace-1"

@@ -75,11 +75,11 @@ def test_histograms_counters_and_labels() -> None:
 
 
 def test_buckets_follow_the_store_histogram_where_ttft_lives() -> None:
-    inside = [b for b in TTFT_BUCKETS_S if 0.0099 <= b <= 31.0]
-    assert inside[0] <= 0.01 and inside[-1] >= 30.0
+    inside = [b for b in TTFT_BUCKETS_S if 0.00098 <= b <= 31.0]
+    assert inside[0] <= 0.001 and inside[-1] >= 30.0  # from a local upstream's 1 ms
     steps = [hi / lo for lo, hi in itertools.pairwise(inside)]
     assert max(steps) < GROWTH * 1.001 and min(steps) > GROWTH * 0.999
-    assert len(TTFT_BUCKETS_S) < 220  # the cost the module docstring states
+    assert len(TTFT_BUCKETS_S) + 3 <= 274  # the cost the module docstring states
 
 
 def test_tenant_labels_are_bounded() -> None:

@@ -382,7 +382,10 @@ def test_sampling_fields_stop_stream_user_and_max_tokens():
         ({"stop": [1]}, "stop"),
         ({"temperature": "hot"}, "temperature"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.name",
+        ),
     ],
 )
 def test_untranslatable_fields_raise_with_param(fields, param):

@@ -125,12 +125,27 @@
   const fmtPctPoints = (v, digits) => (v === null || v === undefined ? '–'
     : v.toFixed(digits === undefined ? 1 : digits) + '%');
   const fmtX = (v) => (v === null || v === undefined ? '–' : v.toFixed(2) + '×');
+  // The error budget left, bounded: a percentage while some is left, else how many times over
+  // it the misses went (the budget's burn: `1 - remaining`, at most 1 / (1 - objective)).
+  function fmtBudget(v) {
+    if (v === null || v === undefined) return '–';
+    if (v >= 0) return fmtPct(v);
+    const times = 1 - v;
+    return 'over budget ×' + (times < 10 ? times.toFixed(1) : Math.round(times).toLocaleString('en-US'));
+  }
 
   function el(tag, text, className) {
     const node = document.createElement(tag);
     if (text !== undefined && text !== null) node.textContent = String(text);
     if (className) node.className = className;
     return node;
+  }
+
+  // A table scrolls inside its card on a narrow screen, never the page.
+  function scrolling(table) {
+    const box = el('div', null, 'table-scroll');
+    box.appendChild(table);
+    return box;
   }
 
   function fillTable(table, headers, rows, numeric) {
@@ -163,7 +178,7 @@
   }
 
   function chartWidth(node) {
-    return Math.max(320, Math.floor(node.clientWidth || 600));
+    return Math.max(200, Math.floor(node.clientWidth || 600));
   }
 
   // Creates the chart, or feeds new data to the one there when its series are the same.
@@ -185,10 +200,12 @@
     const plot = chart.plot;
     const idx = state.lastIdx;
     if (idx !== null) setTimeout(() => { if (state.charts[id] && state.charts[id].plot === plot) plot.setLegend({ idx }); }, 0);
-    exposed.charts[id] = {
+    const shown = exposed.charts[id] = {
       labels: options.series.slice(1).map((s) => s.label),
       data: chart.plot.data.map((column) => Array.from(column)),
     };
+    // The y range uPlot settled on, once it committed the data.
+    setTimeout(() => { shown.y_range = [plot.scales.y.min, plot.scales.y.max]; }, 0);
   }
 
   function resizeCharts() {
@@ -262,7 +279,12 @@
           scale: '%', width: 1.5, dash: [4, 3], value: (u, v) => fmtPctPoints(v),
         }),
       ],
-      scales: { x: { time: true }, '%': { range: (u, min, max) => [0, Math.max(5, max * 1.2)] } },
+      // From 0: the stack's height is the TTFT, which an axis cut above 0 would misstate.
+      scales: {
+        x: { time: true },
+        y: { range: (u, min, max) => [0, Math.max(1, (max || 0) * 1.1)] },
+        '%': { range: (u, min, max) => [0, Math.max(5, max * 1.2)] },
+      },
       axes: [timeAxis, valueAxis(fmtMs),
         valueAxis((v) => v.toFixed(1) + '%', { scale: '%', side: 1, grid: { show: false } })],
     }, [xs, stacked, upstream, share]);
@@ -343,12 +365,13 @@
       ...(several ? [tenant] : []), r.route, fmtInt(r.count), fmtInt(r.errors),
       fmtMs(r.ttft_ms.p50), fmtMs(r.ttft_ms.p99), fmtMs(r.upstream_ttft_ms.p50),
       fmtMs(r.gateway_ms.p50), fmtPct(r.cache_hit_ratio), fmtInt(r.prompt_tokens_saved),
-      fmtMs(r.slo.target_ms), fmtPct(r.slo.attainment), fmtPct(r.slo.budget_remaining),
+      fmtMs(r.slo.target_ms), fmtPct(r.slo.attainment), fmtBudget(r.slo.budget_remaining),
     ]);
     fillTable($('routes-table'), headers, rows, numeric);
     $('routes-caption').textContent = 'last ' + windowLabel(windowS);
     exposed.tables.routes = all.map(({ tenant, figures }) => ({
       tenant, route: figures.route, count: figures.count, errors: figures.errors,
+      budget: fmtBudget(figures.slo.budget_remaining),
     }));
   }
 
@@ -373,13 +396,32 @@
     } else if (!families.length) {
       list.appendChild(el('li', 'no prefix families seen in this window', 'muted'));
     }
+    // A family with an opt-in to turn on gets its own line; the others, whose advice is that
+    // nothing would pay (or not yet), one summary line per such advice.
+    const quiet = new Map();
     for (const { tenant, family: f } of families) {
+      exposed.advice.push(f.advice);
+      if (!f.advice.startsWith('turn on')) {
+        const seen = quiet.get(f.advice) || { families: 0, requests: 0 };
+        seen.families += 1;
+        seen.requests += f.requests || 0;
+        quiet.set(f.advice, seen);
+        continue;
+      }
       const who = (several ? tenant + ' · ' : '') + 'family ' + f.family;
       const text = f.advice + ' (' + who + ', ' + fmtInt(f.requests) + ' requests, cached now ' +
         fmtPct(f.observed_cached_share) + ')';
       list.appendChild(el('li', text));
-      exposed.advice.push(f.advice);
     }
+    for (const [advice, seen] of quiet) {
+      const n = seen.families;
+      const scope = list.childElementCount
+        ? 'the other ' + (n === 1 ? 'family' : fmtInt(n) + ' families')
+        : (n === 1 ? 'the one prefix family' : 'all ' + fmtInt(n) + ' prefix families');
+      list.appendChild(el('li', advice + ' for ' + scope + ' (' + fmtInt(seen.requests) +
+        ' requests)', 'muted'));
+    }
+    exposed.advice_lines = Array.from(list.children).map((item) => item.textContent);
     const rows = [];
     for (const { tenant, family: f } of families) {
       for (const [kind, count] of Object.entries(f.break_kinds || {})) {
@@ -414,7 +456,8 @@
         fmtInt(hedges.sent || 0) + ', won ' + fmtInt(hedges.won || 0) + ', lost ' + fmtInt(hedges.lost || 0)));
       const headers = ['replica', 'state', 'in flight', 'queue', 'KV usage', 'requests',
         'affinity hits', 'errors', 'ejections', 'upstream TTFT mean'];
-      const table = part.appendChild(el('table', null, 'table'));
+      const table = el('table', null, 'table');
+      part.appendChild(scrolling(table));
       fillTable(table, headers, fleet.replicas.map((r) => [
         r.name, 'state:' + r.state, fmtInt(r.in_flight),
         r.queue === null ? '–' : fmtInt(r.queue), r.kv_usage === null ? '–' : fmtPct(r.kv_usage),

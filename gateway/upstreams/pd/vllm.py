@@ -69,6 +69,10 @@ class VLLMPairing:
         except PrefillFailed as failed:
             return router.colocated(name, failed.reason)
         answered = time.perf_counter()
+        seconds = answered - started
+        # Timed whatever it left: a prefill that ends colocated was time spent all the same,
+        # and the operator sees it in the step timings (`firsttoken_pd_step_seconds`).
+        router.note_prefill(member, seconds)
         params = kv_params_from(result.body)
         if params is None:
             log.warning(
@@ -77,9 +81,9 @@ class VLLMPairing:
                 router.route.name,
                 name,
             )
-            return router.colocated(name, "no_kv_params")
-        seconds = answered - started
-        router.note_prefill(member, seconds)
+            colocated = router.colocated(name, "no_kv_params")
+            colocated.prefill_s = seconds
+            return colocated
         return Handoff(params, name, None, answered, seconds)
 
     async def _decode(self, handoff: Handoff, call: Callable[[Choice, Handoff], Awaitable[T]]) -> T:

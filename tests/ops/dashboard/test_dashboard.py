@@ -31,6 +31,7 @@ SLO_MS = 250
 RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 WAIT_S = 20  # the longest any wait in the browser may take
 WIDTH = 1440  # a laptop screen
+PHONE = (390, 844)  # a phone held upright, in CSS pixels
 
 # A system prompt above the 1,024-token minimum of prompt caching, so that the advisor counts
 # the cached share each opt-in would reach.
@@ -319,6 +320,12 @@ def test_dashboard_in_headless_chromium(browser, make_gateway, mock_upstream, se
     }
     advice = get(gw, "/v1/metrics/cache-advice", ACME_KEY, window=window)
     assert shown["advice"] == [family["advice"] for family in advice["families"]]
+    # one line per family with an opt-in to turn on, one summary line for the rest
+    texts = [family["advice"] for family in advice["families"]]
+    actionable = [t for t in texts if t.startswith("turn on")]
+    quiet = {t for t in texts if not t.startswith("turn on")}
+    assert len(shown["advice_lines"]) == len(actionable) + len(quiet)
+    assert all(any(line.startswith(q) for line in shown["advice_lines"]) for q in quiet)
     breaks = {row["kind"]: row for row in shown["tables"]["breaks"]}
     assert "tools(order)" in breaks, breaks
     assert "FIRSTTOKEN_CANONICALIZE_SORT_TOOLS" in breaks["tools(order)"]["fix"]
@@ -381,3 +388,69 @@ def test_dashboard_in_headless_chromium(browser, make_gateway, mock_upstream, se
         if entry["level"] == "SEVERE" or "Content Security Policy" in entry["message"]
     ]
     assert problems == []
+
+
+def fits(driver) -> dict:
+    """How wide the page is against its viewport, and each table box against its table."""
+    return script(
+        driver,
+        "return {page: document.documentElement.scrollWidth, viewport: window.innerWidth,"
+        " boxes: Array.from(document.querySelectorAll('.table-scroll')).map((b) =>"
+        " [b.querySelector('table').id, b.scrollWidth, b.clientWidth])};",
+    )
+
+
+def test_dashboard_fits_a_laptop_and_a_phone(browser, make_gateway, mock_upstream, second_replica):
+    """The admin's view (the widest: a tenant column, the fleet tables) at a laptop's size and
+    at a phone's: the page never scrolls sideways (a table scrolls inside its card), the error
+    budget reads as a bounded figure, and the upstream-vs-gateway stack starts at 0."""
+    gw = make_gateway(
+        routes(mock_upstream, second_replica),
+        tenant_keys=TENANT_KEYS,
+        admin_keys=ADMIN_KEY,
+        ttft_slo_ms=SLO_MS,
+    )
+    gw.wait_ready()
+    send_traffic(gw)
+    record(gw, history(time.time()))
+    wait_for(
+        lambda: get(gw, "/v1/metrics/cache-advice", ACME_KEY)["families"],
+        "the advisor's first family",
+    )
+    browser.get(gw.url + "/dashboard")
+    shown = sign_in(browser, gw, ADMIN_KEY)
+    for name, (width, height), mobile in (
+        ("dashboard-laptop.png", (WIDTH, 900), False),
+        ("dashboard-phone.png", PHONE, True),
+    ):
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+        browser.refresh()  # signs in again from the tab's session storage, at this size
+        shown = wait_for(
+            lambda: script(
+                browser,
+                "const s = window.__dashboard; return s.updates > 0 && s.error === null"
+                " && s.fleet && s.charts.split && s.charts.split.y_range ? s : null;",
+            ),
+            f"the board at {width}x{height}",
+            WAIT_S,
+        )
+        measured = fits(browser)
+        assert measured["viewport"] == width
+        assert measured["page"] <= measured["viewport"], (name, measured)
+        if mobile:  # the routes table is wider than a phone: it scrolls inside its card
+            routes_box = next(b for b in measured["boxes"] if b[0] == "routes-table")
+            assert routes_box[1] > routes_box[2], measured
+        assert shown["charts"]["split"]["y_range"][0] == 0
+        budgets = [row["budget"] for row in shown["tables"]["routes"]]
+        assert not any(b.startswith(("-", "\N{MINUS SIGN}")) for b in budgets), budgets
+        over = "over budget \N{MULTIPLICATION SIGN}"
+        assert any(b.startswith(over) for b in budgets), budgets  # mock's slow spell
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(RESULTS / name.replace(".png", "-first-screen.png")))
+        full = script(browser, "return document.documentElement.scrollHeight")
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride", {**metrics, "height": max(height, full)}
+        )
+        browser.save_screenshot(str(RESULTS / name))
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

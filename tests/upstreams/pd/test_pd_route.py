@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 
+import httpx
 import openai
 import pytest
 
@@ -95,6 +96,23 @@ def test_streaming_request_takes_the_three_steps_in_order_with_vllms_fields(pool
     assert decode.body["stream"] is True and decode.body["max_tokens"] == 50
     assert decode.body["max_completion_tokens"] == 40 and decode.body["min_tokens"] == 3
     assert decode.body["stream_options"] == {"include_usage": True}
+
+
+def test_a_clients_own_request_id_never_pairs_the_steps(pools, make_gateway):
+    """The client's x-request-id names its answer, but the id both servers pair on is the
+    gateway's own: a tenant cannot choose (or collide with) another request's pairing id."""
+    p = pools()
+    gw = make_gateway([p.route()])
+    client = sdk_client(gw, default_headers={"x-request-id": "client-chosen-1"})
+    for _ in range(2):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.parse().choices[0].message.content == ANSWER
+    assert raw.headers["x-request-id"] == "client-chosen-1"
+    ids = [step.request_id for step in p.ledger.steps]
+    assert len(ids) == 4 and "client-chosen-1" not in ids
+    assert ids[0] == ids[1] != ids[2] == ids[3]  # one id per request, shared by its two steps
 
 
 def test_non_streaming_and_completions_requests_are_disaggregated_too(pools, make_gateway):
@@ -256,6 +274,34 @@ def test_telemetry_keeps_the_steps_apart_and_adds_up(pools, make_gateway):
     assert timings[-1].prefill_s is None and timings[-1].handoff_s is None
     assert all(t.prefill_s and t.handoff_s is not None for t in timings[:3])
     assert len({t.request_id for t in timings}) == 4
+
+
+def test_a_prefill_that_ends_colocated_is_timed_where_operators_look(pools, make_gateway):
+    """vLLM without a KV connector answers `kv_transfer_params: null`: the request decodes
+    colocated, and the prefill it waited for shows in the step timings all the same."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.upstreams.pd.metrics import PDCollector
+
+    p = pools()
+    p.prefill[0].script(Script(no_params=True, delay_s=0.05))
+    gw = make_gateway([p.route()])
+    upstream = router(gw)
+    timings: list[PDTiming] = []
+    upstream.on_request = timings.append
+    assert chat(sdk_client(gw)) == ANSWER
+    assert eventually(lambda: len(timings) == 1, 10.0)
+    (timing,) = timings
+    assert timing.colocated_reason == "no_kv_params"
+    assert timing.prefill_s is not None and timing.prefill_s >= 0.05
+    ttft = httpx.get(f"{gw.url}/v1/metrics/ttft", timeout=20).json()
+    pd = ttft["replicas"]["pd"]["pd"]
+    assert pd["colocated_by_reason"]["no_kv_params"] == 1
+    assert pd["prefill_count"] == 1 and pd["prefill_ms_mean"] >= 50
+    registry = CollectorRegistry()
+    registry.register(PDCollector({"pd": upstream}))
+    text = generate_latest(registry).decode()
+    assert 'firsttoken_pd_step_seconds_count{route="pd",step="prefill"} 1.0' in text
 
 
 def test_prometheus_reads_a_pd_route_per_server_and_per_step(pools, make_gateway):

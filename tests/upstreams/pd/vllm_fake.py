@@ -41,7 +41,7 @@ class Script:
 
     status: int = 200
     delay_s: float = 0.0  # prefill: before the answer; decode: before the first chunk
-    no_params: bool = False  # prefill: answer without kv_transfer_params
+    no_params: bool = False  # prefill: answer `kv_transfer_params: null` (no KV connector)
     die_after: int | None = None  # decode: drop the connection after this many chunks
     remote_only: bool = False  # decode: `status` only for requests with kv_transfer_params
 
@@ -151,7 +151,9 @@ class FakeServer:
         if script.status != 200:
             return _error(script.status, f"scripted {script.status}")
         answer = _completion(request.path, body, "tok0 ", finish="length")
-        if not script.no_params:
+        if script.no_params:
+            answer["kv_transfer_params"] = None  # what a vLLM without a KV connector answers
+        else:
             assert request_id is not None
             port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
             params = {
