@@ -213,7 +213,7 @@ def _split(chunks: bytes) -> list[bytes]:
     return [chunks[index : index + 4] for index in range(0, len(chunks), 4)]
 
 
-def _first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -> int | None:
+def first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -> int | None:
     """Start of the first chunk whose text differs, or None if the texts are equal."""
     if (
         previous.text_len == current.text_len
@@ -254,7 +254,7 @@ def find_prefix_break(
             continue
         if old.kind == "tools" and _same_tool_set(previous, current):
             return PrefixBreak("tools(order)", "tools", stable)
-        char = _first_changed_char(old, new)
+        char = first_changed_char(old, new)
         if char is None or old.kind in ("tools", "params"):
             return PrefixBreak(new.label, new.kind, stable)
         partial = new.tokens * min(char, new.text_len) // max(new.text_len, 1)
