@@ -531,7 +531,8 @@ def advisor_replay(api: str, provider: str, deadline: float) -> dict:
         settings = load_settings(environ={})
         telemetry = Telemetry(MemoryStore(settings.metrics_retention), settings)
         advisor = advisor_for(telemetry)
-        advisor.max_per_s = advisor.burst = 1e9  # evaluate every request (no sampling)
+        advisor.max_per_s = advisor.burst = 1e9
+        advisor.cpu_share = 1.0  # evaluate every request (no sampling, no CPU budget)
         chain = build_chain(DEFAULT_POLICIES, {})
         sessions = build_sessions(seed=1)
         rng = random.Random(2)

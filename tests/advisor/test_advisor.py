@@ -17,6 +17,7 @@ from gateway.advisor import (
     CacheAdvisor,
     advisor_for,
     bucket_of,
+    observe_cache_advice,
     tenant_advice,
 )
 from gateway.boundary.admit import Admission
@@ -72,6 +73,7 @@ def _telemetry() -> Telemetry:
 async def _replay(telemetry: Telemetry, tenant: str, bodies: list[dict]) -> None:
     advisor = advisor_for(telemetry)
     advisor.max_per_s = advisor.burst = 1e9
+    advisor.cpu_share = 1.0
     chain = build_chain(DEFAULT_POLICIES, {})
     for body in bodies:
         ctx = PolicyContext("chat", "openai", "gpt-4.1", tenant)
@@ -152,6 +154,31 @@ async def test_a_failing_advisor_never_fails_the_report(monkeypatch):
     while advisor._tasks:
         await asyncio.gather(*advisor._tasks)
     assert advisor.failed == 1 and advisor.evaluated == 0
+
+
+async def test_the_advisor_keeps_to_its_share_of_the_process_cpu():
+    import time
+
+    from gateway.advisor.shadow import CPU_BURST_S, CPU_SHARE
+
+    telemetry = _telemetry()
+    advisor = advisor_for(telemetry)
+    advisor.max_per_s = advisor.burst = 1e9  # only the CPU budget samples
+    chain = build_chain(DEFAULT_POLICIES, {})
+    ctx = PolicyContext("chat", "openai", "gpt-4.1", "t")
+    rng = random.Random(3)
+    started = time.process_time()
+    for turn in range(60):
+        result = chain.transform(_body(rng, turn % 12, shuffle_tools=True), ctx).measure()
+        observe_cache_advice(telemetry, "t", result)
+        while advisor._tasks:
+            await asyncio.gather(*advisor._tasks)
+    total = time.process_time() - started
+    assert advisor.evaluated > 0 and advisor.skipped > 0
+    # What it may have spent: its share of all the CPU, its start-up burst, and the one
+    # evaluation admitted last (charged after it ran).
+    largest = advisor.cpu_spent_s / advisor.evaluated * 4
+    assert advisor.cpu_spent_s <= CPU_SHARE * total + CPU_BURST_S + largest
 
 
 def _advice_routes(telemetry: Telemetry, keys: KeyRing) -> list:
