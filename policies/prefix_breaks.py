@@ -195,7 +195,12 @@ def family_break(
     ``current`` as the family will record it."""
     best: FamilyBreak | None = None
     matched: RecordedRequest | None = None
+    judged: set[tuple[int, int]] = set()
     for entry in reversed(history):  # newest first: it wins the remaining ties
+        seen = (id(entry.prints), entry.shared)  # decoding shares equal fingerprints
+        if seen in judged:
+            continue
+        judged.add(seen)
         verdict = judge(entry, current)
         if (
             best is None
