@@ -160,8 +160,10 @@ def _conversation_break(entry: RecordedRequest, current: PrefixFingerprints) -> 
     old_turns, new_turns = previous.blocks[old_start:], current.blocks[new_start:]
     shared_turns = min(entry.shared, len(previous.blocks)) - old_start
     for index in range(min(shared_turns, len(old_turns))):
-        new = new_turns[index] if index < len(new_turns) else None
-        if new is not None and new.digest == old_turns[index].digest:
+        if index >= len(new_turns):
+            return None  # the request ends inside the shared turns: a prefix, nothing changed
+        new = new_turns[index]
+        if new.digest == old_turns[index].digest:
             continue
         if index == 0:
             # The conversation's first message differs: the same conversation only if what

@@ -139,3 +139,10 @@ def test_history_is_bounded_and_reads_an_older_single_fingerprint():
     [entry] = decode_history(old_blob)
     assert entry.shared == 4  # three tools and the system prompt: the anchor
     assert decode_history(b"junk") == []
+
+
+def test_a_request_that_stops_inside_the_shared_turns_is_not_a_break():
+    turns = [user("one"), assistant("1"), user("two"), assistant("2"), user("three")]
+    # The second request repeats the first's "two"; the third stops before it.
+    *_, shorter = replay(request(*turns[:3]), request(*turns), request(*turns[:2]))
+    assert named(shorter) == []
