@@ -160,10 +160,10 @@ async def _prefix_break(
 def count_breaks(telemetry, tenant: str, found: FamilyBreak) -> None:
     """The one place a break is counted: Prometheus by kind, and the tenant's advice totals by
     class (the dashboard's table), once per request and class, as the header names them."""
-    classes: dict[str, int] = {}
+    classes: set[str] = set()
     for block in found.breaks:
         if block.kind_class not in classes:
-            classes[block.kind_class] = 1
+            classes.add(block.kind_class)
             telemetry.record_prefix_break(tenant, block.kind)
     fields = {f"break:{name}": 1 for name in classes}
     telemetry.put_advice(tenant, TOTALS_FAMILY, bucket_of(time.time()), fields)
