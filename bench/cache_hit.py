@@ -27,7 +27,7 @@ policies.
 
 Cache advisor check: the same sloppy workload is replayed through the gateway's advisor path at
 chain level (the safe chain's ``transform`` and ``measure`` as ``report_headers`` runs them, then
-its hook ``observe_cache_advice`` on an in-process ``Telemetry``, each shadow evaluation awaited
+its hook in ``report_headers`` on an in-process ``Telemetry``, each shadow evaluation awaited
 and the writer drained, and the advice read back as ``/v1/metrics/cache-advice`` builds it; no
 HTTP, no sampling). Its predicted "all opt-ins" cached share must be within 5 points of the
 share the simulator measures on the "opt-ins" row.
@@ -521,8 +521,9 @@ def advisor_replay(api: str, provider: str, deadline: float) -> dict:
     """The sloppy workload through the safe chain and the advisor; its advice for all tenants."""
     import asyncio
 
-    from gateway.advisor import advisor_for, bucket_of, observe_cache_advice, tenant_advice
+    from gateway.advisor import advisor_for, bucket_of, tenant_advice
     from gateway.config.settings import load_settings
+    from gateway.pipeline.policies import report_headers
     from gateway.telemetry.store import MemoryStore
     from gateway.telemetry.telemetry import Telemetry
 
@@ -530,7 +531,8 @@ def advisor_replay(api: str, provider: str, deadline: float) -> dict:
         settings = load_settings(environ={})
         telemetry = Telemetry(MemoryStore(settings.metrics_retention), settings)
         advisor = advisor_for(telemetry)
-        advisor.max_per_s = advisor.burst = 1e9  # evaluate every request (no sampling)
+        advisor.max_per_s = advisor.burst = 1e9
+        advisor.cpu_share = 1.0  # evaluate every request (no sampling, no CPU budget)
         chain = build_chain(DEFAULT_POLICIES, {})
         sessions = build_sessions(seed=1)
         rng = random.Random(2)
@@ -546,8 +548,8 @@ def advisor_replay(api: str, provider: str, deadline: float) -> dict:
                     clock += rng.uniform(1.0, 9.0)
                     body = CONVERT[api](client_request(session, clock, breaker=True, rng=rng))
                     ctx = PolicyContext(api, provider, model, session.tenant)
-                    result = chain.transform(body, ctx).measure(fingerprints=True)
-                    observe_cache_advice(telemetry, session.tenant, result)
+                    result = chain.transform(body, ctx)
+                    await report_headers(telemetry, session.tenant, result)
                     while advisor._tasks:  # each evaluation before the next request
                         await asyncio.gather(*advisor._tasks)
                     await telemetry.writer.drain()

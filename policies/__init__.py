@@ -35,6 +35,7 @@ def clear_caches() -> None:
     slim._slim_cache.clear()
     slim._minify_cache.clear()
     diagnostics._block_cache.clear()
+    diagnostics._decoded.clear()
     volatile._finds.clear()
 
 

@@ -75,6 +75,8 @@ def _chunk_hashes(text: str) -> tuple[int, bytes]:
 
 
 _block_cache: BoundedLRU[tuple[bytes, int, int, bytes]] = BoundedLRU(50_000, 64_000_000)
+# Decoded fingerprints by their bytes; about 2 MB of blobs (a fingerprint holds no text).
+_decoded: BoundedLRU[PrefixFingerprints] = BoundedLRU(10_000, 2_000_000)
 
 
 def _fingerprint(
@@ -116,6 +118,7 @@ class PrefixFingerprints:
 
     def __init__(self, blocks: tuple[BlockFingerprint, ...]) -> None:
         self.blocks = blocks
+        self._bytes: bytes | None = None  # to_bytes, made once (the blocks never change)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PrefixFingerprints) and self.blocks == other.blocks
@@ -161,6 +164,11 @@ class PrefixFingerprints:
         return cls(tuple(blocks))
 
     def to_bytes(self) -> bytes:
+        if self._bytes is None:
+            self._bytes = self._encode()
+        return self._bytes
+
+    def _encode(self) -> bytes:
         out = [_MAGIC, struct.pack("<H", len(self.blocks))]
         for block in self.blocks:
             label = block.label.encode()
@@ -181,7 +189,19 @@ class PrefixFingerprints:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PrefixFingerprints:
-        """Decode ``to_bytes`` output; raises ``ValueError`` on anything else."""
+        """Decode ``to_bytes`` output; raises ``ValueError`` on anything else. A family's
+        history is read back on each of its requests, so decoded fingerprints are kept by
+        their bytes (they are immutable)."""
+        data = bytes(data)
+        cached = _decoded.get(data)
+        if cached is None:
+            cached = cls._decode(data)
+            cached._bytes = data
+            _decoded.put(data, cached, len(data))
+        return cached
+
+    @classmethod
+    def _decode(cls, data: bytes) -> PrefixFingerprints:
         if data[:4] != _MAGIC:
             raise ValueError("not a firsttoken prefix fingerprint")
         try:
@@ -213,7 +233,7 @@ def _split(chunks: bytes) -> list[bytes]:
     return [chunks[index : index + 4] for index in range(0, len(chunks), 4)]
 
 
-def _first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -> int | None:
+def first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) -> int | None:
     """Start of the first chunk whose text differs, or None if the texts are equal."""
     if (
         previous.text_len == current.text_len
@@ -254,7 +274,7 @@ def find_prefix_break(
             continue
         if old.kind == "tools" and _same_tool_set(previous, current):
             return PrefixBreak("tools(order)", "tools", stable)
-        char = _first_changed_char(old, new)
+        char = first_changed_char(old, new)
         if char is None or old.kind in ("tools", "params"):
             return PrefixBreak(new.label, new.kind, stable)
         partial = new.tokens * min(char, new.text_len) // max(new.text_len, 1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from policies.diagnostics import PrefixFingerprints, find_prefix_break
 from policies.provider_limits import FAMILY_NAMES, cached_tokens
 
-from .variants import ALL_OPT_INS, OBSERVED, VARIANTS
+from .variants import OBSERVED, VARIANTS
 
 HISTORY = 4  # previous fingerprints kept per family and variant
 MAX_HISTORY_BYTES = 512 * 1024  # a family's history blob; older entries go first
@@ -112,23 +112,15 @@ def decode_history(blob: bytes | None) -> History:
         return {}
 
 
-def _break_class(location: str, kind: str) -> str:
-    return "tools(order)" if location == "tools(order)" else kind
-
-
-def _best_stable(
-    previous: list[PrefixFingerprints], current: PrefixFingerprints
-) -> tuple[int, str | None]:
-    """The longest stable prefix over the previous fingerprints, and the class of the break
-    that ended it (None when one of them is wholly repeated, or there is no history)."""
-    best, cause, first = 0, None, True
+def _best_stable(previous: list[PrefixFingerprints], current: PrefixFingerprints) -> int:
+    """The longest stable prefix over the previous fingerprints (0 without history). Which
+    breaks a request made is the diagnostics' verdict (``policies.prefix_breaks``), counted
+    for every request where the header is set, not here."""
+    best = 0
     for old in previous:
         found = find_prefix_break(old, current)
-        stable = old.total_tokens if found is None else found.stable_tokens
-        kind = None if found is None else _break_class(found.location, found.kind)
-        if first or stable > best or (stable == best and kind is None):
-            best, cause, first = stable, kind, False
-    return best, cause
+        best = max(best, old.total_tokens if found is None else found.stable_tokens)
+    return best
 
 
 def evaluate(
@@ -137,19 +129,10 @@ def evaluate(
     """This request's counter deltas (sampled only: ``requests`` and ``prompt`` are counted for
     every request elsewhere) and the family's new history."""
     fields: dict[str, int] = {"sampled": 1}
-    stable_of: dict[str, int] = {}
-    observed_break = None
     for variant, prints in current.items():
-        stable, cause = _best_stable(history.get(variant, []), prints)
-        stable = min(stable, prints.total_tokens)
-        stable_of[variant] = stable
-        if variant == OBSERVED:
-            observed_break = cause
+        stable = min(_best_stable(history.get(variant, []), prints), prints.total_tokens)
         fields[f"prompt:{variant}"] = prints.total_tokens
         fields[f"cached:{variant}"] = rules.cached(stable)
-    all_gain = fields.get(f"cached:{ALL_OPT_INS}", 0) - fields[f"cached:{OBSERVED}"]
-    if observed_break is not None and all_gain > 0:
-        fields[f"break:{observed_break}"] = 1
     new: History = {}
     for variant, prints in current.items():
         new[variant] = [*history.get(variant, [])[-(HISTORY - 1) :], prints]

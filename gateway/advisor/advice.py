@@ -117,6 +117,15 @@ def advice_text(variants: Mapping[str, dict]) -> str:
     return "no opt-in would raise the cached share"
 
 
+def _break_kinds(fields: Mapping[str, int]) -> dict[str, int]:
+    breaks = {
+        name.removeprefix("break:"): count
+        for name, count in fields.items()
+        if name.startswith("break:") and count
+    }
+    return dict(sorted(breaks.items(), key=lambda item: -item[1]))
+
+
 def family_advice(
     family: str,
     fields: Mapping[str, int],
@@ -129,11 +138,6 @@ def family_advice(
     price = prices.get(kind) or prices["openai"]
     variants = {name: _variant(fields, name, window_s, price, scale) for name in VARIANTS}
     observed = _share(fields, OBSERVED)
-    breaks = {
-        name.removeprefix("break:"): count
-        for name, count in fields.items()
-        if name.startswith("break:") and count
-    }
     return {
         "family": family,
         "route_rules": kind,
@@ -142,7 +146,7 @@ def family_advice(
         "prompt_tokens": fields.get("prompt", 0),
         "observed_cached_share": None if observed is None else round(observed, 4),
         "variants": variants,
-        "break_kinds": dict(sorted(breaks.items(), key=lambda item: -item[1])),
+        "break_kinds": _break_kinds(fields),
         "advice": advice_text(variants),
     }
 
@@ -173,6 +177,9 @@ def tenant_advice(
             summed[name] = summed.get(name, 0) + amount
     summary = family_advice("*", summed, window_s, prices, scale)
     summary["requests_seen"] = seen
+    # Breaks are counted for every request (not only evaluated ones) in the tenant's totals,
+    # by the diagnostics that set the header and the Prometheus counter.
+    summary["break_kinds"] = _break_kinds(totals)
     summary["prompt_tokens_seen"] = totals.get("prompt", summary["prompt_tokens"])
     del summary["family"], summary["route_rules"]
     for name, figures in summary["variants"].items():

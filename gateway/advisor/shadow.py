@@ -9,11 +9,15 @@ by the request, so the report headers (and the first token) never wait for it:
    unless the prompt is small enough that the hop would cost more than the work),
 3. queue the counters and the new history for the telemetry writer (batched like the rest).
 
-Cost is bounded two ways. One evaluation runs at a time per gateway process; a request that
+Cost is bounded three ways. One evaluation runs at a time per gateway process; a request that
 arrives while one runs is counted but not evaluated (this is the "pool busy: skip" rule, on a
 thread of its own: the heavy-work pool admits one job per tenant, so shadow work there would
-make the tenant's next big request wait behind it). And at most ``MAX_EVALUATIONS_PER_S`` a
-second (a token bucket with ``BURST``): above that rate, requests are sampled. Shares are
+make the tenant's next big request wait behind it). At most ``MAX_EVALUATIONS_PER_S`` a second
+(a token bucket with ``BURST``). And a CPU budget: the evaluations' own CPU time (thread time,
+measured) stays within ``CPU_SHARE`` of the gateway process's CPU time (a bucket that fills
+with that share of the process's CPU as it is spent, up to ``CPU_BURST_S``, and that each
+evaluation drains by what it cost), so the advisor's share of the gateway's work is bounded
+whatever the prompts' length; above either bound, requests are sampled. Shares are
 computed over evaluated requests only, so sampling thins the estimate, not its scale; every
 request is counted in the tenant's totals (family ``TOTALS_FAMILY``), and the per-day figures
 scale the evaluated requests up to all of them.
@@ -28,7 +32,8 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gateway.telemetry.store import ADVICE_BUCKET_S
 from policies import PolicyResult
@@ -40,12 +45,15 @@ from .advice import TOTALS_FAMILY
 from .variants import OBSERVED, RouteGuess, ShadowChains, guess_route
 
 log = logging.getLogger("firsttoken.advisor")
+T = TypeVar("T")
 
 MAX_EVALUATIONS_PER_S = 20.0
 BURST = 20.0
 HISTORY_TTL_S = 3600  # like the diagnostics' fingerprints
 HISTORY_PREFIX = "advice:"  # blob family names: apart from the diagnostics' own
 INLINE_MAX_TOKENS = 2048  # shadow work on a prompt this small stays on the loop
+CPU_SHARE = 0.10  # of the process's CPU time, at most, for the evaluations
+CPU_BURST_S = 0.05  # the CPU budget's bucket: a few evaluations at start-up
 
 
 def bucket_of(now: float) -> int:
@@ -62,6 +70,7 @@ class CacheAdvisor:
         *,
         max_per_s: float = MAX_EVALUATIONS_PER_S,
         burst: float = BURST,
+        cpu_share: float = CPU_SHARE,
     ) -> None:
         self._telemetry = weakref.proxy(telemetry)
         self.chains = ShadowChains(options)
@@ -69,6 +78,10 @@ class CacheAdvisor:
         self.burst = burst
         self._tokens = burst
         self._refilled = time.monotonic()
+        self.cpu_share = cpu_share  # 1 or more: no CPU budget (benchmarks that evaluate all)
+        self._cpu_budget = CPU_BURST_S
+        self._cpu_seen = time.process_time()
+        self.cpu_spent_s = 0.0
         self._busy = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.evaluated = 0
@@ -84,10 +97,20 @@ class CacheAdvisor:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.max_per_s)
         self._refilled = now
+        cpu = time.process_time()
+        earned = (cpu - self._cpu_seen) * self.cpu_share
+        self._cpu_budget = min(CPU_BURST_S, self._cpu_budget + earned)
+        self._cpu_seen = cpu
         if self._busy or self._tokens < 1:
+            return False
+        if self.cpu_share < 1 and self._cpu_budget <= 0:
             return False
         self._tokens -= 1
         return True
+
+    def _charge(self, cpu_s: float) -> None:
+        self.cpu_spent_s += cpu_s
+        self._cpu_budget -= cpu_s
 
     def observe(self, tenant: str, result: PolicyResult) -> None:
         """Count the request in the tenant's totals; maybe start its shadow evaluation. O(1) on
@@ -126,18 +149,20 @@ class CacheAdvisor:
             inline = result.fingerprints is not None and (
                 result.fingerprints.total_tokens <= INLINE_MAX_TOKENS
             )
+            shadow = _timed(self.chains.fingerprints)
             if inline:
-                family, current = self.chains.fingerprints(result, route, tenant)
+                (family, current), spent = shadow(result, route, tenant)
             else:
-                family, current = await asyncio.to_thread(
-                    self.chains.fingerprints, result, route, tenant
-                )
+                (family, current), spent = await asyncio.to_thread(shadow, result, route, tenant)
+            self._charge(spent)
             key = HISTORY_PREFIX + family
             blob = await self._telemetry.get_fingerprints(tenant, key)
+            account = _timed(self.account)
             if inline:
-                fields, new_blob = self.account(blob, current, route)
+                (fields, new_blob), spent = account(blob, current, route)
             else:
-                fields, new_blob = await asyncio.to_thread(self.account, blob, current, route)
+                (fields, new_blob), spent = await asyncio.to_thread(account, blob, current, route)
+            self._charge(spent)
             self._telemetry.put_fingerprints(tenant, key, new_blob, HISTORY_TTL_S)
             self._telemetry.put_advice(tenant, family, bucket, fields)
             self.evaluated += 1
@@ -147,6 +172,17 @@ class CacheAdvisor:
                 log.exception("cache advisor evaluation failed (%d so far)", self.failed)
         finally:
             self._busy = False
+
+
+def _timed(work: Callable[..., T]) -> Callable[..., tuple[T, float]]:
+    """``work`` that also returns the CPU time it took on the thread that ran it."""
+
+    def run(*args: Any) -> tuple[T, float]:
+        started = time.thread_time()
+        out = work(*args)
+        return out, time.thread_time() - started
+
+    return run
 
 
 _advisors: weakref.WeakKeyDictionary[Any, CacheAdvisor] = weakref.WeakKeyDictionary()

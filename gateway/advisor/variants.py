@@ -82,6 +82,13 @@ class ShadowChains:
     def __init__(self, base: PolicyOptions | None = None) -> None:
         self.base = base or PolicyOptions()
         self._chains: dict[tuple[tuple[str, ...], str], PolicyChain] = {}
+        # Each variant's options, and the first variant with the same ones (made once: a
+        # request's evaluation only looks them up).
+        options = {variant: variant_options(self.base, variant) for variant in VARIANTS}
+        first: dict[PolicyOptions, str] = {self.base: OBSERVED}
+        self._same_as = {
+            variant: first.setdefault(options[variant], variant) for variant in VARIANTS
+        }
 
     def chain(self, names: tuple[str, ...], variant: str) -> PolicyChain:
         key = (names, variant)
@@ -108,21 +115,19 @@ class ShadowChains:
             route.endpoint, route.kind, route.model, tenant, cache_family=route.kind
         )
         out = {OBSERVED: observed}
-        seen: dict[PolicyOptions, tuple[PrefixFingerprints, dict]] = {
-            self.base: (observed, result.view if result.view is not None else view)
+        seen: dict[str, tuple[PrefixFingerprints, dict]] = {
+            OBSERVED: (observed, result.view if result.view is not None else view)
         }
         for variant in VARIANTS:
-            options = variant_options(self.base, variant)
-            done = seen.get(options)
+            same = self._same_as[variant]
+            done = seen.get(same)
             if done is None:
                 current = dict(view)
                 for policy in self.chain(names, variant).policies:
                     current, _ = policy.apply(current, ctx)
-                done = seen[options] = (PrefixFingerprints.from_body(current), current)
+                done = seen[same] = (PrefixFingerprints.from_body(current), current)
             out[variant] = done[0]
-        family = advisor_family(
-            result, seen[variant_options(self.base, ALL_OPT_INS)][1], tenant, route.model
-        )
+        family = advisor_family(result, seen[self._same_as[ALL_OPT_INS]][1], tenant, route.model)
         return family, out
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Sequence
 
-from gateway.advisor import observe_cache_advice
+from gateway.advisor import bucket_of, observe_cache_advice
+from gateway.advisor.advice import TOTALS_FAMILY
 from gateway.boundary.offload import HeavyWork
 from gateway.config.routes import Route
 from gateway.config.settings import Settings, SettingsError
@@ -22,12 +24,8 @@ from policies import (
     parse_policy_list,
 )
 from policies.config import ENV_PREFIX
-from policies.diagnostics import (
-    PrefixBreak,
-    PrefixFingerprints,
-    find_prefix_break,
-    stable_prefix_tokens,
-)
+from policies.diagnostics import PrefixFingerprints
+from policies.prefix_breaks import FamilyBreak, decode_history, encode_history, family_break
 
 log = logging.getLogger("firsttoken.policies")
 
@@ -145,18 +143,30 @@ async def _prefix_break(
 ) -> dict[str, str]:
     try:
         previous_blob = await telemetry.get_fingerprints(tenant, cache_key)
-        telemetry.put_fingerprints(tenant, cache_key, fingerprints.to_bytes())
-        if previous_blob is None:
-            return {}
         compare = functools.partial(_compare, previous_blob, fingerprints)
-        found, stable = await offload.run(tenant, compare) if offload is not None else compare()
-        if found is not None:
-            telemetry.record_prefix_break(tenant, found.kind)
-            return {"x-firsttoken-prefix-break": found.location}
-        return {"x-firsttoken-prefix-stable-tokens": str(stable)}
+        found, blob = await offload.run(tenant, compare) if offload is not None else compare()
+        telemetry.put_fingerprints(tenant, cache_key, blob)
+        if found is None:
+            return {}
+        if found.breaks:
+            count_breaks(telemetry, tenant, found)
+            return {"x-firsttoken-prefix-break": found.header}
+        return {"x-firsttoken-prefix-stable-tokens": str(found.stable_tokens)}
     except Exception:
         log.exception("prefix-break diagnostics failed")
         return {}
+
+
+def count_breaks(telemetry, tenant: str, found: FamilyBreak) -> None:
+    """The one place a break is counted: Prometheus by kind, and the tenant's advice totals by
+    class (the dashboard's table), once per request and class, as the header names them."""
+    classes: set[str] = set()
+    for block in found.breaks:
+        if block.kind_class not in classes:
+            classes.add(block.kind_class)
+            telemetry.record_prefix_break(tenant, block.kind)
+    fields = {f"break:{name}": 1 for name in classes}
+    telemetry.put_advice(tenant, TOTALS_FAMILY, bucket_of(time.time()), fields)
 
 
 async def prepared_report_headers(
@@ -182,7 +192,10 @@ async def prepared_report_headers(
     return headers
 
 
-def _compare(previous_blob: bytes, current: PrefixFingerprints) -> tuple[PrefixBreak | None, int]:
-    previous = PrefixFingerprints.from_bytes(previous_blob)
-    found = find_prefix_break(previous, current)
-    return found, (0 if found is not None else stable_prefix_tokens(previous, current))
+def _compare(
+    previous_blob: bytes | None, current: PrefixFingerprints
+) -> tuple[FamilyBreak | None, bytes]:
+    """The break judged against the family's recorded requests, and its new history blob."""
+    history = decode_history(previous_blob)
+    found, recorded = family_break(history, current)
+    return found, encode_history([*history, recorded])

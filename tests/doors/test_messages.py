@@ -343,6 +343,8 @@ def test_prefix_break_diagnostics_on_the_messages_shape(mock_upstream, make_gate
         {"role": "assistant", "content": "Sunny."},
         {"role": "user", "content": "And tomorrow?"},
     ]
+    # The first turn is shared once a second request of the conversation repeats it.
+    client.messages.create(model="claude-x", max_tokens=8, system=LONG_SYSTEM, messages=turns[:1])
     client.messages.create(model="claude-x", max_tokens=8, system=LONG_SYSTEM, messages=turns)
     edited = [{"role": "user", "content": "Weather in Lyon today?"}, *turns[1:]]
     changed = client.messages.with_raw_response.create(

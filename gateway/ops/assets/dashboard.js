@@ -386,6 +386,13 @@
     return answers.flatMap((a) => (a.families || []).map((f) => ({ tenant: a.tenant, family: f })));
   }
 
+  function adviceSummaries(answer) {
+    if (!answer) return [];
+    const answers = Array.isArray(answer.tenants) ? answer.tenants : [answer];
+    return answers.filter((a) => a.summary)
+      .map((a) => ({ tenant: a.tenant, family: { ...a.summary, family: 'all' } }));
+  }
+
   function drawAdvice(answer, problem, several) {
     const list = $('advice');
     list.replaceChildren();
@@ -423,7 +430,9 @@
     }
     exposed.advice_lines = Array.from(list.children).map((item) => item.textContent);
     const rows = [];
-    for (const { tenant, family: f } of families) {
+    // Breaks are counted per tenant for every request (the header's and Prometheus' events);
+    // the advisor's figures for the opt-ins that address them are summed over its families.
+    for (const { tenant, family: f } of adviceSummaries(answer)) {
       for (const [kind, count] of Object.entries(f.break_kinds || {})) {
         const meaning = BREAKS[kind] || { block: kind, fix: 'see the x-firsttoken-prefix-break header', opt_ins: [] };
         const gains = meaning.opt_ins
