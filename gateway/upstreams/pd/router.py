@@ -3,8 +3,9 @@
 Each request is prefilled on the prefill server most likely to hold its prefix (the same prefix
 affinity as replicated routes: a prefill server's cache is what saves compute), then decoded on
 the least loaded decode server (decode is memory-bound: what matters there is how many streams
-share it). Both pools eject a server that fails (5xx, 429, timeouts, broken connections) and
-probe it back (`gateway.upstreams.replicas.pool.ServerPool`, as on replicated routes).
+share it). Both pools eject a server that fails (its own failures, as on replicated routes; any
+5xx to a prefill step counts, since the gateway wrote that request) and probe it back
+(`gateway.upstreams.replicas.pool.ServerPool`).
 
 PD is an optimisation, never a new way to fail: when the prefill step fails, times out, answers
 503 (a prefill server out of room for held blocks) or leaves nothing the decode server could
@@ -166,7 +167,13 @@ class PDUpstream:
         self.route = route
         self.pd = route.pd
         self.prefill = ServerPool(
-            route, self.pd.prefill, prefill, "prefix_affinity", "prefill/", PDServerStats
+            route,
+            self.pd.prefill,
+            prefill,
+            "prefix_affinity",
+            "prefill/",
+            PDServerStats,
+            own_requests=True,
         )
         self.decode = ServerPool(
             route, self.pd.decode, decode, "least_loaded", "decode/", PDServerStats
