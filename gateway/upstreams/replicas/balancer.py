@@ -12,32 +12,36 @@ Modes (`BalanceOptions.mode`):
   soonest, in milliseconds, counting what the choice costs the conversation's later turns
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
-      cost(r) = turns * (excess(r) + wait(r)) + prefill * uncached(r)
+      first turn:  cost(r) = turns * (excess(r) + wait(r)) + prefill * uncached(r)
+      follow-up:   cost(r) = wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
       excess(r)   = how much r's fixed part (its TTFT beyond prefill with a free slot, a
                     recent median) exceeds the fastest replica's, where that stands out of
                     the noise (the part all replicas share changes no choice)
-      wait(r)     = service(r) * (load(r) + kv_usage(r) * slots / 2) / (slots * weight(r)):
-                    the requests ahead of this one (in_flight + upstream-reported queue), each
-                    holding a slot for service(r) ms; a full KV cache counts as half a set
-                    of slots more
-      turns       = 1 for a follow-up turn; for a conversation's first turn (no assistant
-                    message yet), the route's observed turns per conversation
+      wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
+                    (cap = slots * weight; ahead = the gateway's in_flight, or a full set of
+                    slots plus the queue the server reports); each request holds a slot for
+                    service(r) ms, r's observed send-to-end time; 0 while a slot is free
+      turns       = the route's observed requests per conversation (1 / the share of first
+                    turns: requests without an assistant message)
 
-  A follow-up turn whose history is cached on r stays there unless r's wait and fixed part
-  cost more than recomputing the uncached part elsewhere; a new conversation also pays r's
-  fixed part and wait on every later turn, so a replica that became slow (its fixed part or
-  its service time grew) stops getting new conversations long before its warm ones move.
-  Ties go to the lower load(r)/weight(r), then to a rendezvous hash of the prompt's first block
-  with the replica's name (a prefix nobody holds lands on a replica chosen by the prefix
-  itself, the same in every gateway process).
+  A follow-up turn whose history is cached on r stays there unless waiting for a slot there
+  costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
+  and wait on every turn it will have, so a replica that became slow (its fixed part grew,
+  or its requests last longer and fill its slots) stops getting new conversations at once,
+  while its warm ones stay until it actually queues.
+  Ties (every replica with a free slot and none holding the prefix) go to the less busy
+  (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
+  the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
+  chosen by the prefix itself, the same in every gateway process).
 
   Imbalance rule: if the replica the cost picks is, in load per unit of weight, at least
   `imbalance_abs` requests above the least loaded healthy replica *and* at least
   `imbalance_ratio` * (least + 1), load wins and the least loaded replica is taken (reason
-  "load"): the guard for estimates gone wrong, not the everyday balancer.
+  "load"): the guard for estimates gone wrong, not the everyday balancer, and for first turns
+  only (a follow-up moves when its cost says so, never for load alone).
 
 - ``least_loaded``: the lowest load(r)/weight(r), ties taken in turn.
 - ``round_robin``: smooth weighted round robin (nginx's) over the healthy replicas.
@@ -142,10 +146,11 @@ class Balancer:
         now: float,
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
-        first_turn: bool = False,
+        first_turn: bool = True,
     ) -> Choice:
         """The replica for a prompt with these blocks (`prompt_chars` long; whole blocks when
-        not given), the first turn of a conversation or a follow-up. Raises LookupError when
+        not given), the first turn of a conversation (or a request not known to follow one)
+        or a follow-up. Raises LookupError when
         `exclude` leaves no replica at all (a hedge on a one-replica route)."""
         allowed = [r for r in self.replicas if r.name not in exclude]
         if not allowed:
@@ -190,29 +195,40 @@ class Balancer:
         picked, picked_matched = healthy[0], 0
         for r in healthy:
             matched = r.index.matched(blocks) if total else 0
-            excess = self.latency.excess_ms(r.latency, seen)
+            excess = self.latency.excess_ms(r.latency, seen) if first_turn else 0.0
             cost = turns * (excess + self.wait_ms(r)) + prefill * _uncached_tokens(chars, matched)
-            key = (cost, r.relative_load, _rendezvous(first, r.name))
+            key = (cost, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
         least = min(healthy, key=_load_order)
-        if least is not picked and self._too_uneven(picked, least):
+        if first_turn and least is not picked and self._too_uneven(picked, least):
             return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
         return self._choice(picked, blocks, chars, reason, picked_matched)
 
     def wait_ms(self, r: ReplicaState) -> float:
-        """What the requests ahead of a new one on `r` make it wait, in ms (see the module
-        docstring): the requests it holds, each a slot's service time shared over its slots."""
-        slots = self.options.slots
-        ahead = r.load + (KV_USAGE_WEIGHT * slots * r.kv_usage if r.kv_usage else 0.0)
-        return self._service_ms(r) * ahead / (slots * r.weight)
+        """How long a new request would wait for a slot on `r`, in ms: nothing while a slot is
+        free; past that, the requests ahead of it beyond the slots, each freeing a slot every
+        service(r) / slots ms. The requests ahead are the gateway's own in flight, or, when
+        the server reports a queue (which other clients' requests fill too), a full set of
+        slots plus that queue."""
+        cap = self.options.slots * r.weight
+        ahead = float(r.in_flight)
+        if r.queue:
+            ahead = max(ahead, cap + r.queue)
+        return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
 
     def _service_ms(self, r: ReplicaState) -> float:
         if r.latency.service_ms is not None:
             return r.latency.service_ms
         known = [x.latency.service_ms for x in self.replicas if x.latency.service_ms is not None]
         return sum(known) / len(known) if known else self.options.prior_service_ms
+
+    def _busy(self, r: ReplicaState) -> float:
+        """Among choices of equal cost, the less busy: load per slot, a full KV cache counting
+        as half a set of slots more."""
+        busy = r.relative_load / self.options.slots
+        return busy + KV_USAGE_WEIGHT * r.kv_usage if r.kv_usage else busy
 
     def _least_loaded(self, healthy: list[ReplicaState]) -> ReplicaState:
         """The lowest load per weight; ties rotate, so that an idle fleet is not one replica."""

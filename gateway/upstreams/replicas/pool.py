@@ -186,7 +186,7 @@ class ServerPool:
         blocks: list[bytes],
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
-        first_turn: bool = False,
+        first_turn: bool = True,
     ) -> Choice:
         """The balancer's pick; `LookupError` when `exclude` leaves no member."""
         return self.balancer.choose(blocks, time.monotonic(), exclude, prompt_chars, first_turn)

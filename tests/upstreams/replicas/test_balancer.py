@@ -43,36 +43,39 @@ def test_the_longer_match_wins() -> None:
 
 
 # The priors make the arithmetic plain: PROMPT is 1,024 tokens, 1 ms each to recompute; a request
-# ahead holds a slot for 1,000 ms over 8 slots, so it makes a new one wait 125 ms.
+# past the 8 slots holds one for 1,000 ms: with 8 + k requests in flight a new one waits
+# (k + 1) * 125 ms.
 # (The imbalance rule is set out of the way.)
 MS = {"prior_prefill_ms_per_token": 1.0, "prior_service_ms": 1000.0, "imbalance_abs": 100}
 
 
 def test_load_outweighs_a_full_match_once_waiting_costs_more_than_recomputing() -> None:
-    holder = replica("a", holds=PROMPT, in_flight=8)
+    holder = replica("a", holds=PROMPT, in_flight=15)
     b = balancer(holder, replica("b"), **MS)
     assert b.choose(PROMPT, 0.0).replica is holder  # 8 * 125 = 1000 ms < 1024 ms
-    holder.in_flight = 9
+    holder.in_flight = 16
     choice = b.choose(PROMPT, 0.0)
     assert choice.replica.name == "b" and choice.reason == "least_loaded"  # 1125 > 1024
     assert choice.uncached_tokens == 1024 and choice.free_slot
 
 
 def test_queue_and_kv_usage_count_as_load() -> None:
-    holder = replica("a", holds=PROMPT, in_flight=4, queue=5)
+    holder = replica("a", holds=PROMPT, in_flight=4, queue=7)
     b = balancer(holder, replica("b"), **MS)
+    assert b.choose(PROMPT, 0.0).replica is holder  # 8 + 7 ahead: 8 * 125 < 1024
+    holder.queue = 8
     assert b.choose(PROMPT, 0.0).replica.name == "b"  # 9 * 125 > 1024
     assert not b.choose(PROMPT, 0.0, frozenset({"b"})).free_slot
     b = balancer(replica("a", kv_usage=0.9), replica("b", kv_usage=0.1))
     assert b.choose(OTHER, 0.0).replica.name == "b"
     b = balancer(replica("a", kv_usage=0.9), replica("b", in_flight=1))
-    assert b.choose(OTHER, 0.0).replica.name == "b"  # 1 < 0.5 * 8 * 0.9 requests ahead
+    assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9, among equal costs
 
 
 def test_weights_scale_load() -> None:
-    big = replica("a", holds=PROMPT, in_flight=12, weight=2.0)
+    big = replica("a", holds=PROMPT, in_flight=20, weight=2.0)
     b = balancer(big, replica("b"), **MS)
-    assert b.choose(PROMPT, 0.0).replica is big  # 12 * 1000 / 16 = 750 < 1024
+    assert b.choose(PROMPT, 0.0).replica is big  # 5 past 16 slots: 5 * 1000 / 16 < 1024
     big.weight = 1.0
     assert b.choose(PROMPT, 0.0).replica.name == "b"
 
@@ -110,6 +113,11 @@ def test_a_slow_replica_keeps_its_warm_follow_ups_and_loses_new_conversations() 
     # a follow-up: 300 ms more there against 1024 ms of recompute here
     follow_up = b.choose(PROMPT, 0.0, first_turn=False)
     assert follow_up.replica is slow and follow_up.reason == "affinity"
+    slow.in_flight = (
+        10  # it stays for load alone (300 + 375 < 1024): the imbalance rule is for first turns
+    )
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is slow
+    slow.in_flight = 0
     # a new conversation pays the slow replica's 300 ms on each of its ~4 turns: 1200 > 1024
     assert b.latency.turns_per_session == pytest.approx(4.0, rel=0.2)
     assert b.choose(PROMPT, 0.0, first_turn=True).replica is fast
