@@ -54,7 +54,7 @@ from gateway.upstreams.replicas.pool import (
     first_model_cards,
     mean_ms,
 )
-from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -182,6 +182,7 @@ class PDUpstream:
         # `FleetCollector`, `/readyz` and `SharedPlacements` read from a replicated route.
         self.members: dict[str, Member] = {**self.prefill.named(), **self.decode.named()}
         self.stats = PDStats()
+        self.chains = BlockChains()  # a conversation's next turn hashes only what is new
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.on_request: Callable[[PDTiming], None] | None = None
         self.pairing = pairing(self)
@@ -231,7 +232,7 @@ class PDUpstream:
         its name; None when every prefill server failed recently (waiting on one again would
         only delay the colocated answer; the probe or the end of a backoff brings them back)."""
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
-        blocks = prefix_blocks(prompt_text(body), seed)
+        blocks = self.chains.blocks(prompt_text(body), seed)
         choice = self.prefill.choose(blocks)
         if choice.reason == "only_unhealthy":
             return None

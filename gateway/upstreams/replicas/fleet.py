@@ -38,7 +38,7 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -86,6 +86,7 @@ class ReplicatedUpstream:
         self.ttft = TtftTracker()
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
+        self.chains = BlockChains()  # a conversation's next turn hashes only what is new
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -159,7 +160,7 @@ class ReplicatedUpstream:
         first_turn = not isinstance(messages, list) or not any(
             isinstance(m, dict) and m.get("role") == "assistant" for m in messages
         )
-        return prefix_blocks(text, seed), len(text), first_turn
+        return self.chains.blocks(text, seed), len(text), first_turn
 
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
