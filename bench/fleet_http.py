@@ -212,6 +212,9 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
             "balance": variant.balance,
             "load_metrics": "vllm",
             "load_interval_s": 0.5,
+            # sized near what an engine holds, as the README advises: 16-token blocks of
+            # ~6-character words, in 256-character index blocks of 160 bytes each
+            "affinity_index_bytes": max(64 * 1024, args.cache_blocks * 16 * 6 // 256 * 160),
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
@@ -284,10 +287,13 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
     new = [t for t in ok if t.index == 0 and slow <= t.started < slow + window]
     previous: dict[int, str | None] = {}
     moved = 0
+    slowest = []
     for t in sorted(turns, key=lambda t: (t.session, t.index)):
         before = previous.get(t.session)
         if t.index > 0 and t.started >= slow and t.engine and before and t.engine != before:
             moved += 1
+        if t.started >= slow and t.ttft_ms is not None:
+            slowest.append((round(t.ttft_ms), t.engine, before, t.index, round(t.started, 1)))
         previous[t.session] = t.engine
     prompt = sum(s["prompt_tokens"] for s in stats)
     cached = sum(s["cached_tokens"] for s in stats)
@@ -307,6 +313,9 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "router_cpu_s_per_1000": 1000 * cpu / max(1, len(turns)),
         "served": {s_name: sum(1 for t in ok if t.engine == s_name) for s_name in _names(args)},
         "tenant_failures": failures,
+        "slowest_after_slowdown": sorted(slowest, key=lambda x: -x[0])[
+            :12
+        ],  # ttft, on, was on, turn
     }
 
 
@@ -332,7 +341,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args()
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}
-    full = {"seconds": 70.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}
+    full = {"seconds": 55.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -21,8 +21,8 @@ Modes (`BalanceOptions.mode`):
                     recent median) exceeds the fastest replica's, where that stands out of
                     the noise (the part all replicas share changes no choice)
       wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
-                    (cap = slots * weight; ahead = the gateway's in_flight, or a full set of
-                    slots plus the queue the server reports); each request holds a slot for
+                    (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
+                    requests the server reports beyond its own); each request holds a slot for
                     service(r) ms, r's observed send-to-end time; 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
@@ -209,13 +209,14 @@ class Balancer:
     def wait_ms(self, r: ReplicaState) -> float:
         """How long a new request would wait for a slot on `r`, in ms: nothing while a slot is
         free; past that, the requests ahead of it beyond the slots, each freeing a slot every
-        service(r) / slots ms. The requests ahead are the gateway's own in flight, or, when
-        the server reports a queue (which other clients' requests fill too), a full set of
-        slots plus that queue."""
+        service(r) / slots ms. The requests ahead are the gateway's own in flight, plus the
+        waiting requests the server reports beyond the gateway's own (its in-flight past the
+        slots): other clients'. A report up to a second old that still counts requests since
+        started adds nothing where the gateway knows better."""
         cap = self.options.slots * r.weight
         ahead = float(r.in_flight)
-        if r.queue:
-            ahead = max(ahead, cap + r.queue)
+        if r.queue:  # others' waiting requests: the reported queue less this gateway's own
+            ahead += max(0.0, r.queue - max(0.0, r.in_flight - cap))
         return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
 
     def _service_ms(self, r: ReplicaState) -> float:

@@ -60,12 +60,15 @@ def test_load_outweighs_a_full_match_once_waiting_costs_more_than_recomputing() 
 
 
 def test_queue_and_kv_usage_count_as_load() -> None:
-    holder = replica("a", holds=PROMPT, in_flight=4, queue=7)
+    holder = replica("a", holds=PROMPT, in_flight=4, queue=11)
     b = balancer(holder, replica("b"), **MS)
-    assert b.choose(PROMPT, 0.0).replica is holder  # 8 + 7 ahead: 8 * 125 < 1024
-    holder.queue = 8
-    assert b.choose(PROMPT, 0.0).replica.name == "b"  # 9 * 125 > 1024
+    assert b.choose(PROMPT, 0.0).replica is holder  # 4 + 11 others' ahead: 8 * 125 < 1024
     assert not b.choose(PROMPT, 0.0, frozenset({"b"})).free_slot
+    holder.queue = 12
+    assert b.choose(PROMPT, 0.0).replica.name == "b"  # 9 * 125 > 1024
+    # the queue the server reports holds the gateway's own waiting requests too
+    holder.in_flight, holder.queue = 15, 7
+    assert b.wait_ms(holder) == 1000.0
     b = balancer(replica("a", kv_usage=0.9), replica("b", kv_usage=0.1))
     assert b.choose(OTHER, 0.0).replica.name == "b"
     b = balancer(replica("a", kv_usage=0.9), replica("b", in_flight=1))
