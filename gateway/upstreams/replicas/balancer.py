@@ -12,7 +12,7 @@ Modes (`BalanceOptions.mode`):
   soonest, in milliseconds, counting what the choice costs the conversation's later turns
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
-      first turn:  cost(r) = turns * (excess(r) + wait(r)) + prefill * uncached(r)
+      first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
       follow-up:   cost(r) = wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
@@ -29,9 +29,9 @@ Modes (`BalanceOptions.mode`):
 
   A follow-up turn whose history is cached on r stays there unless waiting for a slot there
   costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
-  and wait on every turn it will have, so a replica that became slow (its fixed part grew,
-  or its requests last longer and fill its slots) stops getting new conversations at once,
-  while its warm ones stay until it actually queues.
+  on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
+  so a replica that became slow stops getting new conversations at once, while its warm ones
+  stay until it actually queues.
   Ties (every replica with a free slot and none holding the prefix) go to the less busy
   (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
   the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
@@ -196,7 +196,7 @@ class Balancer:
         for r in healthy:
             matched = r.index.matched(blocks) if total else 0
             excess = self.latency.excess_ms(r.latency, seen) if first_turn else 0.0
-            cost = turns * (excess + self.wait_ms(r)) + prefill * _uncached_tokens(chars, matched)
+            cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
             key = (cost, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
