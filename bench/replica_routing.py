@@ -78,14 +78,19 @@ def simulate(workload: Workload, options: BalanceOptions, slow: bool, costs: Eng
         session = workload.session(sid)
         req = workload.request(session, turn, lambda text, seed: prefix_blocks(text, seed))
         req.arrived = loop.now
-        choice = balancer.choose(req.gateway_blocks, loop.now)
+        choice = balancer.choose(
+            req.gateway_blocks, loop.now, prompt_chars=4 * req.text_tokens, first_turn=turn == 0
+        )
         reasons[choice.reason] += 1
         balancer.sent(choice, req.gateway_blocks)
         req.handle = choice.replica
+        req.choice = choice
         engines[choice.replica.name].submit(req)
 
     def on_done(req: Request) -> None:
-        balancer.done(req.handle)
+        # what the gateway observes of the request: its first token, then its end
+        balancer.first_token(req.choice, req.first_token - req.arrived)
+        balancer.done(req.handle, loop.now - req.arrived)
         finished.append(req)
         session = req.session
         nxt = req.turn + 1

@@ -3,8 +3,9 @@
 Each request is prefilled on the prefill server most likely to hold its prefix (the same prefix
 affinity as replicated routes: a prefill server's cache is what saves compute), then decoded on
 the least loaded decode server (decode is memory-bound: what matters there is how many streams
-share it). Both pools eject a server that fails (5xx, 429, timeouts, broken connections) and
-probe it back (`gateway.upstreams.replicas.pool.ServerPool`, as on replicated routes).
+share it). Both pools eject a server that fails (its own failures, as on replicated routes; any
+5xx to a prefill step counts, since the gateway wrote that request) and probe it back
+(`gateway.upstreams.replicas.pool.ServerPool`).
 
 PD is an optimisation, never a new way to fail: when the prefill step fails, times out, answers
 503 (a prefill server out of room for held blocks) or leaves nothing the decode server could
@@ -53,7 +54,7 @@ from gateway.upstreams.replicas.pool import (
     first_model_cards,
     mean_ms,
 )
-from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -166,7 +167,13 @@ class PDUpstream:
         self.route = route
         self.pd = route.pd
         self.prefill = ServerPool(
-            route, self.pd.prefill, prefill, "prefix_affinity", "prefill/", PDServerStats
+            route,
+            self.pd.prefill,
+            prefill,
+            "prefix_affinity",
+            "prefill/",
+            PDServerStats,
+            own_requests=True,
         )
         self.decode = ServerPool(
             route, self.pd.decode, decode, "least_loaded", "decode/", PDServerStats
@@ -175,6 +182,7 @@ class PDUpstream:
         # `FleetCollector`, `/readyz` and `SharedPlacements` read from a replicated route.
         self.members: dict[str, Member] = {**self.prefill.named(), **self.decode.named()}
         self.stats = PDStats()
+        self.chains = BlockChains()  # a conversation's next turn hashes only what is new
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.on_request: Callable[[PDTiming], None] | None = None
         self.pairing = pairing(self)
@@ -224,7 +232,7 @@ class PDUpstream:
         its name; None when every prefill server failed recently (waiting on one again would
         only delay the colocated answer; the probe or the end of a backoff brings them back)."""
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
-        blocks = prefix_blocks(prompt_text(body), seed)
+        blocks = self.chains.blocks(prompt_text(body), seed)
         choice = self.prefill.choose(blocks)
         if choice.reason == "only_unhealthy":
             return None

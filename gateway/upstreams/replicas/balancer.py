@@ -8,33 +8,40 @@ and lets load win outright when it is too uneven.
 
 Modes (`BalanceOptions.mode`):
 
-- ``prefix_affinity`` (default): for each healthy replica r,
+- ``prefix_affinity`` (default): the replica where the request's first token is expected
+  soonest, in milliseconds, counting what the choice costs the conversation's later turns
+  (`gateway.upstreams.replicas.latency` says how each term is observed):
 
-      load(r) = in_flight(r) + queue(r)            (queue: upstream-reported waiting, 0 unknown)
-      cost(r) = load_weight * (load(r) / (slots * weight(r)) + 0.5 * kv_usage(r))
-              - cache_weight * matched(r) / total
+      first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = wait(r) + prefill * uncached(r)
 
-  (the kv_usage term only where the upstream reports it). The lowest cost wins; ties go to the
-  lower load(r)/weight(r), then to a rendezvous hash of the prompt's first block with the
-  replica's name: a prefix nobody holds yet lands on a replica chosen by the prefix itself, so
-  new families spread over the fleet, and every gateway process picks the same one.
-  `matched/total` is the share of the prompt's blocks the replica likely holds (`PrefixIndex`),
-  `load/slots` is how many times over the replica's concurrent capacity it is busy. With both
-  weights at 1, a whole-prompt hit is worth one full set of slots of extra load: a session stays
-  where its history is until that replica is `slots` requests busier than another, which is about
-  when waiting for a slot costs more than recomputing the prompt (a slot frees every service_time
-  / slots, a prompt recomputes in a fraction of one service time). queue counts the waiting
-  requests a second time on top of in_flight on purpose: a request that waits is the expensive
-  kind of load.
+      uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
+      prefill     = ms per uncached token, fitted over the route's replicas
+      excess(r)   = how much r's fixed part (its TTFT beyond prefill with a free slot, a
+                    recent median) exceeds the fastest replica's, where that stands out of
+                    the noise (the part all replicas share changes no choice)
+      wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
+                    (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
+                    requests the server reports beyond its own); each request holds a slot for
+                    service(r) ms, r's observed send-to-end time; 0 while a slot is free
+      turns       = the route's observed requests per conversation (1 / the share of first
+                    turns: requests without an assistant message)
+
+  A follow-up turn whose history is cached on r stays there unless waiting for a slot there
+  costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
+  on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
+  so a replica that became slow stops getting new conversations at once, while its warm ones
+  stay until it actually queues.
+  Ties (every replica with a free slot and none holding the prefix) go to the less busy
+  (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
+  the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
+  chosen by the prefix itself, the same in every gateway process).
 
   Imbalance rule: if the replica the cost picks is, in load per unit of weight, at least
   `imbalance_abs` requests above the least loaded healthy replica *and* at least
   `imbalance_ratio` * (least + 1), load wins and the least loaded replica is taken (reason
-  "load"). Only the picked replica is compared, not the fleet's max: a hot replica diverts the
-  requests that would go to it and leaves the affinity of the others alone. Defaults 8 and 2.0:
-  a slot-full of difference, and twice the load, so that small fleets near idle (1 vs 0
-  requests) never break affinity while a replica that slowed down (its in_flight climbs
-  because its requests last longer) sheds new sessions before its queue grows long.
+  "load"): the guard for estimates gone wrong, not the everyday balancer, and for first turns
+  only (a follow-up moves when its cost says so, never for load alone).
 
 - ``least_loaded``: the lowest load(r)/weight(r), ties taken in turn.
 - ``round_robin``: smooth weighted round robin (nginx's) over the healthy replicas.
@@ -43,12 +50,8 @@ Health first, in every mode: an ejected replica is never chosen while a healthy 
 not in `exclude` exists; with none healthy, the one whose last failure is oldest (a replica
 that never failed first) is tried (reason "only_unhealthy").
 
-`bench/replica_routing.py` checks the defaults against simulated prefix-caching replicas (8
-replicas, 100 tenants, multi-turn sessions, one replica 3x slower half-way); they meet its
-targets with no setting of the bench's own. There, load_weight 0.5 did as well, 2 and 4 lost
-cached share (77% and 58% against 88%) and TTFT for nothing, and the imbalance rule never fired
-at the defaults (the load term keeps replicas even) but took over when load_weight was 0: it
-is the guard for a cost function set too greedily, not the everyday balancer.
+`bench/replica_routing.py` checks the defaults against simulated prefix-caching replicas, and
+`bench/fleet_http.py` against prefix-caching engines over HTTP (one slowed 300 ms mid-run).
 
 The index remembers what was sent, not what the engine kept: size `PrefixIndex.max_bytes` near
 the engine's KV capacity (160 bytes per 256-character block, ~64 tokens) where that is known;
@@ -62,7 +65,8 @@ import math
 from dataclasses import dataclass, field
 
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
-from gateway.upstreams.replicas.prefix_index import PrefixIndex
+from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN, FleetLatency, ReplicaLatency
+from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, PrefixIndex
 
 MODES = ("prefix_affinity", "least_loaded", "round_robin")
 KV_USAGE_WEIGHT = 0.5  # a full KV cache counts as half a set of slots of load
@@ -79,6 +83,7 @@ class ReplicaState:
     kv_usage: float | None = None  # 0..1; None: unknown
     index: PrefixIndex = field(default_factory=PrefixIndex)
     health: ReplicaHealth = field(default_factory=lambda: ReplicaHealth(HealthPolicy()))
+    latency: ReplicaLatency = field(default_factory=ReplicaLatency)
 
     @property
     def load(self) -> int:
@@ -92,11 +97,12 @@ class ReplicaState:
 @dataclass
 class BalanceOptions:
     mode: str = "prefix_affinity"
-    cache_weight: float = 1.0
-    load_weight: float = 1.0
     slots: int = 8
     imbalance_abs: int = 8
     imbalance_ratio: float = 2.0
+    # what the cost assumes before the route's answers have been seen
+    prior_prefill_ms_per_token: float = 0.1
+    prior_service_ms: float = 1000.0
 
 
 @dataclass
@@ -107,6 +113,8 @@ class Choice:
     # "affinity" (cost function, prefix matched), "least_loaded" (cost function without any
     # match, or mode least_loaded), "load" (imbalance rule), "round_robin", "only_unhealthy"
     reason: str
+    uncached_tokens: float = 0.0  # the picked replica's, as estimated when choosing
+    free_slot: bool = True  # the picked replica had a slot free when chosen
 
 
 class Balancer:
@@ -130,48 +138,98 @@ class Balancer:
         self._by_name = {r.name: r for r in replicas}
         self._rr_current = {r.name: 0.0 for r in replicas}
         self._turn = 0
+        self.latency = FleetLatency(options.prior_prefill_ms_per_token)
 
     def choose(
-        self, blocks: list[bytes], now: float, exclude: frozenset[str] = frozenset()
+        self,
+        blocks: list[bytes],
+        now: float,
+        exclude: frozenset[str] = frozenset(),
+        prompt_chars: int | None = None,
+        first_turn: bool = True,
     ) -> Choice:
-        """The replica for a prompt with these blocks. Raises LookupError when `exclude` leaves
-        no replica at all (a hedge on a one-replica route)."""
-        total = len(blocks)
+        """The replica for a prompt with these blocks (`prompt_chars` long; whole blocks when
+        not given), the first turn of a conversation (or a request not known to follow one)
+        or a follow-up. Raises LookupError when
+        `exclude` leaves no replica at all (a hedge on a one-replica route)."""
         allowed = [r for r in self.replicas if r.name not in exclude]
         if not allowed:
             raise LookupError("every replica is excluded")
+        chars = len(blocks) * BLOCK_CHARS if prompt_chars is None else prompt_chars
+        if not exclude:
+            self.latency.observe_turn(first_turn)
         healthy = [r for r in allowed if r.health.healthy(now)]
         if not healthy:
             oldest = min(allowed, key=_failure_order)
-            return Choice(oldest, oldest.index.matched(blocks), total, "only_unhealthy")
+            return self._choice(oldest, blocks, chars, "only_unhealthy")
         mode = self.options.mode
         if mode == "round_robin":
-            picked = self._round_robin(healthy)
-            return Choice(picked, picked.index.matched(blocks), total, "round_robin")
+            return self._choice(self._round_robin(healthy), blocks, chars, "round_robin")
         if mode == "least_loaded":
-            picked = self._least_loaded(healthy)
-            return Choice(picked, picked.index.matched(blocks), total, "least_loaded")
-        return self._affinity(healthy, blocks)
+            return self._choice(self._least_loaded(healthy), blocks, chars, "least_loaded")
+        return self._affinity(healthy, blocks, chars, first_turn)
 
-    def _affinity(self, healthy: list[ReplicaState], blocks: list[bytes]) -> Choice:
-        opts = self.options
+    def _choice(
+        self, r: ReplicaState, blocks: list[bytes], chars: int, reason: str, matched: int = -1
+    ) -> Choice:
+        if matched < 0:
+            matched = r.index.matched(blocks) if blocks else 0
+        return Choice(
+            r,
+            matched,
+            len(blocks),
+            reason,
+            _uncached_tokens(chars, matched),
+            r.in_flight < self.options.slots * r.weight and not r.queue,
+        )
+
+    def _affinity(
+        self, healthy: list[ReplicaState], blocks: list[bytes], chars: int, first_turn: bool
+    ) -> Choice:
         total = len(blocks)
+        turns = self.latency.turns_per_session if first_turn else 1.0
+        prefill = self.latency.prefill_ms_per_token
+        first = blocks[0] if total else b""
+        seen = [r.latency for r in self.replicas]
         best: tuple[float, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
         for r in healthy:
             matched = r.index.matched(blocks) if total else 0
-            load = r.load / (opts.slots * r.weight)
-            if r.kv_usage is not None:
-                load += KV_USAGE_WEIGHT * r.kv_usage
-            cost = opts.load_weight * load - (opts.cache_weight * matched / total if total else 0)
-            key = (cost, r.relative_load, _rendezvous(blocks[0] if total else b"", r.name))
+            excess = self.latency.excess_ms(r.latency, seen) if first_turn else 0.0
+            cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
+            key = (cost, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
         least = min(healthy, key=_load_order)
-        if least is not picked and self._too_uneven(picked, least):
-            return Choice(least, least.index.matched(blocks), total, "load")
+        if first_turn and least is not picked and self._too_uneven(picked, least):
+            return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
-        return Choice(picked, picked_matched, total, reason)
+        return self._choice(picked, blocks, chars, reason, picked_matched)
+
+    def wait_ms(self, r: ReplicaState) -> float:
+        """How long a new request would wait for a slot on `r`, in ms: nothing while a slot is
+        free; past that, the requests ahead of it beyond the slots, each freeing a slot every
+        service(r) / slots ms. The requests ahead are the gateway's own in flight, plus the
+        waiting requests the server reports beyond the gateway's own (its in-flight past the
+        slots): other clients'. A report up to a second old that still counts requests since
+        started adds nothing where the gateway knows better."""
+        cap = self.options.slots * r.weight
+        ahead = float(r.in_flight)
+        if r.queue:  # others' waiting requests: the reported queue less this gateway's own
+            ahead += max(0.0, r.queue - max(0.0, r.in_flight - cap))
+        return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
+
+    def _service_ms(self, r: ReplicaState) -> float:
+        if r.latency.service_ms is not None:
+            return r.latency.service_ms
+        known = [x.latency.service_ms for x in self.replicas if x.latency.service_ms is not None]
+        return sum(known) / len(known) if known else self.options.prior_service_ms
+
+    def _busy(self, r: ReplicaState) -> float:
+        """Among choices of equal cost, the less busy: load per slot, a full KV cache counting
+        as half a set of slots more."""
+        busy = r.relative_load / self.options.slots
+        return busy + KV_USAGE_WEIGHT * r.kv_usage if r.kv_usage else busy
 
     def _least_loaded(self, healthy: list[ReplicaState]) -> ReplicaState:
         """The lowest load per weight; ties rotate, so that an idle fleet is not one replica."""
@@ -202,12 +260,29 @@ class Balancer:
         choice.replica.index.add(blocks)
         choice.replica.in_flight += 1
 
-    def done(self, replica: ReplicaState) -> None:
-        """A request to `replica` ended, whichever way."""
+    def first_token(self, choice: Choice, seconds: float) -> None:
+        """The request sent as `choice` had its first token after `seconds`: a sample of the
+        prefill rate and of the replica's fixed part (when it did not wait for a slot)."""
+        if not choice.free_slot:
+            return
+        ms = 1000.0 * seconds
+        self.latency.observe_ttft(ms, choice.uncached_tokens)
+        residual = ms - self.latency.prefill_ms_per_token * choice.uncached_tokens
+        choice.replica.latency.observe_fixed(residual)
+
+    def done(self, replica: ReplicaState, seconds: float | None = None) -> None:
+        """A request to `replica` ended, whichever way (`seconds` after it was sent, when it
+        ended well: how long it held a slot)."""
         replica.in_flight = max(0, replica.in_flight - 1)
+        if seconds is not None:
+            replica.latency.observe_service(1000.0 * seconds)
 
     def by_name(self, name: str) -> ReplicaState:
         return self._by_name[name]
+
+
+def _uncached_tokens(chars: int, matched_blocks: int) -> float:
+    return max(0, chars - matched_blocks * BLOCK_CHARS) / CHARS_PER_TOKEN
 
 
 def _rendezvous(block: bytes, name: str) -> bytes:

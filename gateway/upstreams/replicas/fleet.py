@@ -38,7 +38,7 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import prefix_blocks, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -86,6 +86,7 @@ class ReplicatedUpstream:
         self.ttft = TtftTracker()
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
+        self.chains = BlockChains()  # a conversation's next turn hashes only what is new
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -111,15 +112,22 @@ class ReplicatedUpstream:
         return await self.pool.by_health()[0].upstream.forward(method, path, headers, data)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
-        blocks = self._blocks(body, ctx)
-        member = self.pool.sent(self.pool.choose(blocks), blocks, self.placements)
-        result = await self.pool.attempt(member, member.upstream.complete(body, ctx))
-        self.pool.ended(member, None)
+        blocks, chars, first_turn = self._prompt(body, ctx)
+        member = self.pool.sent(
+            self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn),
+            blocks,
+            self.placements,
+        )
+        sent = time.monotonic()
+        result = await self.pool.attempt(
+            member, member.upstream.complete(body, ctx), tenant=ctx.tenant
+        )
+        self.pool.ended(member, None, ctx.tenant, sent)
         return result
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
-        blocks = self._blocks(body, ctx)
-        choice = self.pool.choose(blocks)
+        blocks, chars, first_turn = self._prompt(body, ctx)
+        choice = self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn)
         now = time.monotonic()
         self.budget.request(now)
         after = self._hedge_after(body, ctx)
@@ -143,9 +151,16 @@ class ReplicatedUpstream:
 
     # -- choosing ---------------------------------------------------------------------------
 
-    def _blocks(self, body: UpstreamBody, ctx: CallContext) -> list[bytes]:
+    def _prompt(self, body: UpstreamBody, ctx: CallContext) -> tuple[list[bytes], int, bool]:
+        """The prompt's block hashes, its length in characters, and whether it opens a
+        conversation (no assistant turn yet: what a cost on later turns applies to)."""
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
-        return prefix_blocks(prompt_text(body), seed)
+        text = prompt_text(body)
+        messages = body.get("messages")
+        first_turn = not isinstance(messages, list) or not any(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages
+        )
+        return self.chains.blocks(text, seed), len(text), first_turn
 
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
@@ -177,8 +192,10 @@ class ReplicatedUpstream:
     ) -> TrackedStream:
         member = self.pool.sent(choice, blocks, self.placements)
         sent = time.monotonic()
-        stream = await self.pool.attempt(member, member.upstream.open_stream(body, ctx))
-        return TrackedStream(stream, self, member, sent)
+        stream = await self.pool.attempt(
+            member, member.upstream.open_stream(body, ctx), tenant=ctx.tenant
+        )
+        return TrackedStream(stream, self, member, sent, ctx.tenant, choice)
 
     async def _open_first(
         self, choice: Choice, blocks: list[bytes], body: UpstreamBody, ctx: CallContext
@@ -216,12 +233,22 @@ class ReplicatedUpstream:
         self.hedges["won" if winner is secondary else "lost"] += 1
         return winner.result()
 
-    def note_first_token(self, member: Member, seconds: float) -> None:
+    def note_first_token(
+        self, member: Member, seconds: float, choice: Choice | None = None
+    ) -> None:
         self.ttft.add(seconds)
         self.pool.note_ttft(member, seconds)
+        if choice is not None:
+            self.balancer.first_token(choice, seconds)
 
-    def note_end(self, member: Member, failed: BaseException | None) -> None:
-        self.pool.ended(member, failed)
+    def note_end(
+        self,
+        member: Member,
+        failed: BaseException | None,
+        tenant: str = "",
+        sent: float | None = None,
+    ) -> None:
+        self.pool.ended(member, failed, tenant, sent)
 
     # -- what operators see -----------------------------------------------------------------
 
@@ -235,10 +262,18 @@ class TrackedStream(MemberStream):
     can read ahead to its first content for a hedging race, then replay it."""
 
     def __init__(
-        self, inner: EventStream, fleet: ReplicatedUpstream, member: Member, sent: float
+        self,
+        inner: EventStream,
+        fleet: ReplicatedUpstream,
+        member: Member,
+        sent: float,
+        tenant: str = "",
+        choice: Choice | None = None,
     ) -> None:
         super().__init__(inner, member, fleet.route.first_token_timeout_s, sent)
         self._fleet = fleet
+        self._tenant = tenant
+        self._choice = choice
 
     def _saw(self, batch: list[OutEvent]) -> None:
         """A first token is content, an error or the end."""
@@ -246,7 +281,9 @@ class TrackedStream(MemberStream):
             event.resolve()
             if event.content or event.error or event.done or event.malformed:
                 self._first_seen = True
-                self._fleet.note_first_token(self._member, time.monotonic() - self._since)
+                self._fleet.note_first_token(
+                    self._member, time.monotonic() - self._since, self._choice
+                )
                 return
 
     async def prefetch_first(self) -> None:
@@ -260,4 +297,4 @@ class TrackedStream(MemberStream):
             self._saw(batch)
 
     def _finish(self, failure: BaseException | None) -> None:
-        self._fleet.note_end(self._member, failure)
+        self._fleet.note_end(self._member, failure, self._tenant, self._since)

@@ -65,7 +65,7 @@ class FleetCollector(Collector):
             for replica in snapshot["replicas"]:
                 values = [route, replica["name"]]
                 member = fleet.members[replica["name"]]
-                healthy.add_metric(values, 1.0 if replica["state"] == "healthy" else 0.0)
+                healthy.add_metric(values, 0.0 if replica["state"] == "ejected" else 1.0)
                 in_flight.add_metric(values, replica["in_flight"])
                 requests.add_metric(values, replica["requests"])
                 hits.add_metric(values, replica["affinity_hits"])

@@ -2,10 +2,11 @@
 
 A replicated route is one pool (`gateway.upstreams.replicas.fleet`); a pd route is two, prefill and
 decode (`gateway.upstreams.pd.router`). What a server's life looks like is the same in every pool,
-so it lives here once: the `Balancer` picks a member, a 5xx, a 429, a timeout or a broken connection
-ejects it for a backoff that grows while it keeps failing, a periodic `GET /models` brings an
-ejected member back early, and (with `load_metrics`) a periodic `/metrics` read feeds its queue and
-KV cache usage to the balancer. The pool's owner decides what a request is; the pool keeps the
+so it lives here once: the `Balancer` picks a member, its own failures (`ReplicaHealth`: gateway
+errors in a row, or a failure rate that more than one tenant sees) eject it for a backoff that
+grows while it keeps failing, a periodic `GET /models` brings an ejected member back early, and
+(with `load_metrics`) a periodic `/metrics` read feeds its queue and KV cache usage to the
+balancer. The pool's owner decides what a request is; the pool keeps the
 counts operators see (`rows`).
 """
 
@@ -22,7 +23,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gateway.config.routes import Replica, Route, pool_names
 from gateway.upstreams.base import EventStream, ModelCard, OutEvent, UpstreamError
 from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
-from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
+from gateway.upstreams.replicas.health import (
+    EjectionLimit,
+    HealthPolicy,
+    ReplicaHealth,
+    failure_kind,
+)
 from gateway.upstreams.replicas.prefix_index import PrefixIndex
 from gateway.upstreams.replicas.server_load import MAX_METRICS_BYTES, parse_server_load
 
@@ -72,17 +78,22 @@ class ServerPool:
         mode: str,
         prefix: str = "",
         stats: Callable[[], ReplicaStats] = ReplicaStats,
+        own_requests: bool = False,
     ) -> None:
         self.route = route
         self.prefix = prefix
+        # requests the gateway makes itself (a pd route's prefill step) cannot be a tenant's
+        # bad body: any 5xx to them is the server's
+        self.own_requests = own_requests
         policy = HealthPolicy(base_eject_s=route.eject_s, max_eject_s=route.max_eject_s)
+        limit = EjectionLimit(policy.max_ejected_share)
         self.members: dict[str, Member] = {}
         for name, replica, upstream in zip(pool_names(replicas), replicas, upstreams, strict=True):
             state = ReplicaState(
                 name=name,
                 weight=replica.weight,
                 index=PrefixIndex(route.affinity_index_bytes),
-                health=ReplicaHealth(policy),
+                health=ReplicaHealth(policy, limit),
             )
             self.members[name] = Member(upstream, state, stats())
         self.balancer = Balancer(
@@ -115,12 +126,16 @@ class ServerPool:
         )
 
     async def _probe_loop(self) -> None:
-        """Every `probe_interval_s`, a `GET /models` to each ejected member; an answer brings
-        it back before its backoff ends."""
+        """At start and then every `probe_interval_s`, a `GET /models` to each member that is
+        ejected or never answered; an answer brings it back before its backoff ends (and makes
+        a starting one healthy in `/readyz`)."""
         while True:
-            await asyncio.sleep(self.route.probe_interval_s)
             now = time.monotonic()
-            ejected = [m for m in self.members.values() if not m.state.health.healthy(now)]
+            ejected = [
+                m
+                for m in self.members.values()
+                if not m.state.health.healthy(now) or not m.state.health.answered
+            ]
             answers = await asyncio.gather(
                 *(
                     m.upstream.http.get_json("/models", PROBE_TIMEOUT_S, PROBE_LIMIT_BYTES)
@@ -130,10 +145,16 @@ class ServerPool:
             )
             for member, answer in zip(ejected, answers, strict=True):
                 if answer is not None and not isinstance(answer, BaseException):
-                    member.state.health.probe_ok(time.monotonic())
-                    log.info(
-                        "route %s: %s%s is back", self.route.name, self.prefix, member.state.name
-                    )
+                    health = member.state.health
+                    if not health.healthy(time.monotonic()):
+                        log.info(
+                            "route %s: %s%s is back",
+                            self.route.name,
+                            self.prefix,
+                            member.state.name,
+                        )
+                    health.probe_ok(time.monotonic())
+            await asyncio.sleep(self.route.probe_interval_s)
 
     async def _load_loop(self, kind: str) -> None:
         """Every `load_interval_s`, each member's queue and KV cache usage from its `/metrics`;
@@ -154,14 +175,21 @@ class ServerPool:
                 if isinstance(text, str):
                     load = parse_server_load(text, kind)
                     state.queue, state.kv_usage = load.queue, load.kv_usage
+                    state.health.heard()
                 else:
                     state.queue = state.kv_usage = None
 
     # -- a request's life on a member -------------------------------------------------------
 
-    def choose(self, blocks: list[bytes], exclude: frozenset[str] = frozenset()) -> Choice:
+    def choose(
+        self,
+        blocks: list[bytes],
+        exclude: frozenset[str] = frozenset(),
+        prompt_chars: int | None = None,
+        first_turn: bool = True,
+    ) -> Choice:
         """The balancer's pick; `LookupError` when `exclude` leaves no member."""
-        return self.balancer.choose(blocks, time.monotonic(), exclude)
+        return self.balancer.choose(blocks, time.monotonic(), exclude, prompt_chars, first_turn)
 
     def sent(
         self, choice: Choice, blocks: list[bytes], placements: SharedPlacements | None
@@ -182,6 +210,7 @@ class ServerPool:
         member: Member,
         call: Awaitable[T],
         blame: Callable[[UpstreamError], bool] = lambda exc: True,
+        tenant: str = "",
     ) -> T:
         """`call`'s result. A failure frees the member's slot, and an `UpstreamError` that
         `blame` lays on the member counts against it (`failed`); a success keeps the slot
@@ -191,24 +220,39 @@ class ServerPool:
         except UpstreamError as exc:
             self.balancer.done(member.state)
             if blame(exc):
-                self.failed(member, exc)
+                self.failed(member, exc, tenant)
             raise
         except BaseException:
             self.balancer.done(member.state)
             raise
 
-    def failed(self, member: Member, exc: BaseException) -> None:
-        """A 5xx, a 429, a timeout or a broken connection ejects; a 4xx is the request's own."""
+    def failed(self, member: Member, exc: BaseException, tenant: str = "") -> None:
+        """`exc` (from `tenant`'s request) counts against the member as `failure_kind` says:
+        a 502/503/504, a timeout or a broken connection (no status: 502) as the server's
+        own, another 5xx as one the request may have caused, a 4xx or 429 not at all."""
         status = getattr(exc, "status", 502)
-        if status >= 500 or status == 429:
-            member.stats.errors += 1
-            member.state.health.failed(time.monotonic())
+        health = member.state.health
+        if getattr(exc, "body", None) is not None:
+            health.heard()  # it answered, if with an error: it is up
+        kind = failure_kind(status)
+        if kind is None:
+            return
+        member.stats.errors += 1
+        health.failed(time.monotonic(), "gateway" if self.own_requests else kind, tenant)
 
-    def ended(self, member: Member, failure: BaseException | None) -> None:
-        """A request that `sent` counted has ended: free its slot, judge the member."""
-        self.balancer.done(member.state)
+    def ended(
+        self,
+        member: Member,
+        failure: BaseException | None,
+        tenant: str = "",
+        sent: float | None = None,
+    ) -> None:
+        """A request that `sent` counted (at monotonic `sent`, when known) has ended: free its
+        slot, judge the member."""
+        held = None if failure is not None or sent is None else time.monotonic() - sent
+        self.balancer.done(member.state, held)
         if failure is not None:
-            self.failed(member, failure)
+            self.failed(member, failure, tenant)
         else:
             member.state.health.succeeded(time.monotonic())
 

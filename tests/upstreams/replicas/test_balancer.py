@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, ReplicaState
+from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
+from gateway.upstreams.replicas.latency import FIXED_SAMPLES
 from gateway.upstreams.replicas.prefix_index import PrefixIndex, prefix_blocks
 
 PROMPT = prefix_blocks("s" * 4096)  # 16 blocks
@@ -41,32 +42,88 @@ def test_the_longer_match_wins() -> None:
     assert b.choose(PROMPT, 0.0).replica.name == "b"
 
 
-def test_load_outweighs_a_full_match_past_one_set_of_slots() -> None:
-    # cost = load/slots - matched/total: a whole-prompt hit is worth `slots` requests of load
-    holder = replica("a", holds=PROMPT, in_flight=7)
-    b = balancer(holder, replica("b"), slots=8)
-    assert b.choose(PROMPT, 0.0).replica is holder  # 7/8 - 1 < 0
-    holder.in_flight = 9
+# The priors make the arithmetic plain: PROMPT is 1,024 tokens, 1 ms each to recompute; a request
+# past the 8 slots holds one for 1,000 ms: with 8 + k requests in flight a new one waits
+# (k + 1) * 125 ms.
+# (The imbalance rule is set out of the way.)
+MS = {"prior_prefill_ms_per_token": 1.0, "prior_service_ms": 1000.0, "imbalance_abs": 100}
+
+
+def test_load_outweighs_a_full_match_once_waiting_costs_more_than_recomputing() -> None:
+    holder = replica("a", holds=PROMPT, in_flight=15)
+    b = balancer(holder, replica("b"), **MS)
+    assert b.choose(PROMPT, 0.0).replica is holder  # 8 * 125 = 1000 ms < 1024 ms
+    holder.in_flight = 16
     choice = b.choose(PROMPT, 0.0)
-    assert choice.replica.name == "b" and choice.reason == "least_loaded"  # 9/8 - 1 > 0
+    assert choice.replica.name == "b" and choice.reason == "least_loaded"  # 1125 > 1024
+    assert choice.uncached_tokens == 1024 and choice.free_slot
 
 
 def test_queue_and_kv_usage_count_as_load() -> None:
-    holder = replica("a", holds=PROMPT, in_flight=4, queue=5)
-    b = balancer(holder, replica("b"))
-    assert b.choose(PROMPT, 0.0).replica.name == "b"  # (4 + 5)/8 > 1
+    holder = replica("a", holds=PROMPT, in_flight=4, queue=11)
+    b = balancer(holder, replica("b"), **MS)
+    assert b.choose(PROMPT, 0.0).replica is holder  # 4 + 11 others' ahead: 8 * 125 < 1024
+    assert not b.choose(PROMPT, 0.0, frozenset({"b"})).free_slot
+    holder.queue = 12
+    assert b.choose(PROMPT, 0.0).replica.name == "b"  # 9 * 125 > 1024
+    # the queue the server reports holds the gateway's own waiting requests too
+    holder.in_flight, holder.queue = 15, 7
+    assert b.wait_ms(holder) == 1000.0
     b = balancer(replica("a", kv_usage=0.9), replica("b", kv_usage=0.1))
     assert b.choose(OTHER, 0.0).replica.name == "b"
     b = balancer(replica("a", kv_usage=0.9), replica("b", in_flight=1))
-    assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9
+    assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9, among equal costs
 
 
 def test_weights_scale_load() -> None:
-    big = replica("a", holds=PROMPT, in_flight=12, weight=2.0)
-    b = balancer(big, replica("b"))
-    assert b.choose(PROMPT, 0.0).replica is big  # 12 / (8 * 2) < 1
+    big = replica("a", holds=PROMPT, in_flight=20, weight=2.0)
+    b = balancer(big, replica("b"), **MS)
+    assert b.choose(PROMPT, 0.0).replica is big  # 5 past 16 slots: 5 * 1000 / 16 < 1024
     big.weight = 1.0
     assert b.choose(PROMPT, 0.0).replica.name == "b"
+
+
+def test_observed_ttfts_fit_the_prefill_rate_and_each_replicas_fixed_part() -> None:
+    a, c = replica("a"), replica("c")
+    b = balancer(a, c, **MS)
+    for i in range(40):  # TTFT = 20 ms + 0.25 ms per uncached token, on both
+        for r in (a, c):
+            tokens = 100.0 + 50 * (i % 9)
+            b.first_token(Choice(r, 0, 0, "affinity", tokens), (20 + 0.25 * tokens) / 1000)
+    assert b.latency.prefill_ms_per_token == pytest.approx(0.25)
+    assert a.latency.fixed_ms == pytest.approx(20.0)
+    fleet = [a.latency, c.latency]
+    assert b.latency.excess_ms(c.latency, fleet) == 0.0
+    for _ in range(5):  # c turns 300 ms slower: a short median sees it
+        b.first_token(Choice(c, 0, 0, "affinity", 100.0), (320 + 25) / 1000)
+    assert c.latency.fixed_ms == pytest.approx(320.0, abs=5)
+    assert b.latency.excess_ms(c.latency, fleet) == pytest.approx(300.0, abs=5)
+    assert b.latency.excess_ms(a.latency, fleet) == 0.0
+    # a request that waited for a slot says nothing of the fixed part
+    b.first_token(Choice(a, 0, 0, "affinity", 100.0, free_slot=False), 5.0)
+    assert a.latency.fixed_ms == pytest.approx(20.0)
+
+
+def test_a_slow_replica_keeps_its_warm_follow_ups_and_loses_new_conversations() -> None:
+    slow = replica("slow", holds=PROMPT)
+    fast = replica("fast")
+    b = balancer(slow, fast, **MS)
+    for _ in range(FIXED_SAMPLES):
+        b.first_token(Choice(slow, 0, 0, "affinity", 0.0), 0.320)
+        b.first_token(Choice(fast, 0, 0, "affinity", 0.0), 0.020)
+    for i in range(400):  # conversations of 4 turns on this route
+        b.latency.observe_turn(i % 4 == 0)
+    # a follow-up: 300 ms more there against 1024 ms of recompute here
+    follow_up = b.choose(PROMPT, 0.0, first_turn=False)
+    assert follow_up.replica is slow and follow_up.reason == "affinity"
+    slow.in_flight = (
+        10  # it stays for load alone (300 + 375 < 1024): the imbalance rule is for first turns
+    )
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is slow
+    slow.in_flight = 0
+    # a new conversation pays the slow replica's 300 ms on each of its ~4 turns: 1200 > 1024
+    assert b.latency.turns_per_session == pytest.approx(4.0, rel=0.2)
+    assert b.choose(PROMPT, 0.0, first_turn=True).replica is fast
 
 
 @pytest.mark.parametrize(
@@ -81,9 +138,9 @@ def test_weights_scale_load() -> None:
     ],
 )
 def test_imbalance_rule_thresholds(hot: int, cold: int, load_wins: bool) -> None:
-    # load_weight=0 leaves the rule alone against a full match
+    # no service time: the wait term leaves the rule alone against a full match
     holder = replica("a", holds=PROMPT, in_flight=hot)
-    b = balancer(holder, replica("b", in_flight=cold), load_weight=0.0)
+    b = balancer(holder, replica("b", in_flight=cold), prior_service_ms=0.0)
     choice = b.choose(PROMPT, 0.0)
     assert (choice.replica.name == "b") is load_wins
     assert choice.reason == ("load" if load_wins else "affinity")
@@ -91,26 +148,24 @@ def test_imbalance_rule_thresholds(hot: int, cold: int, load_wins: bool) -> None
 
 def test_imbalance_rule_is_configurable_and_compares_the_pick() -> None:
     holder = replica("a", holds=PROMPT, in_flight=4)
-    b = balancer(holder, replica("b"), load_weight=0.0, imbalance_abs=4, imbalance_ratio=4.0)
+    b = balancer(holder, replica("b"), prior_service_ms=0.0, imbalance_abs=4, imbalance_ratio=4.0)
     assert b.choose(PROMPT, 0.0).reason == "load"
     # a hot replica elsewhere does not break the affinity of a cool one
     b = balancer(
         replica("a", holds=PROMPT, in_flight=2),
         replica("b"),
         replica("c", in_flight=30),
-        load_weight=0.0,
+        prior_service_ms=0.0,
     )
     choice = b.choose(PROMPT, 0.0)
     assert choice.replica.name == "a" and choice.reason == "affinity"
 
 
-def test_ties_go_to_lower_load_then_name() -> None:
+def test_ties_go_to_lower_load() -> None:
     b = balancer(replica("c"), replica("b"), replica("a", in_flight=1))
-    assert b.choose(OTHER, 0.0).replica.name == "b"
-    # equal cost: a has one more request and one more block
-    b = balancer(
-        replica("a", holds=PROMPT[:1], in_flight=1), replica("b"), slots=16, load_weight=1.0
-    )
+    assert b.choose(OTHER, 0.0).replica.name in {"b", "c"}
+    # equal cost (no wait term): the lower load wins
+    b = balancer(replica("a", in_flight=1), replica("b"), prior_service_ms=0.0)
     assert b.choose(PROMPT, 0.0).replica.name == "b"
 
 
@@ -188,7 +243,7 @@ def test_exclude() -> None:
 
 def test_sent_and_done_keep_the_index_and_in_flight() -> None:
     a, b_ = replica("a"), replica("b")
-    b = balancer(a, b_)
+    b = balancer(a, b_, **MS)
     first = b.choose(PROMPT, 0.0)
     b.sent(first, PROMPT)
     holder = first.replica

@@ -215,3 +215,23 @@ def test_hedged_requests_are_counted_in_the_tenant_series(servers, make_gateway)
         return sum(point["hedges"] for point in series["points"])
 
     assert eventually(lambda: hedged() == 2, 5.0)
+
+
+def test_a_tenants_own_errors_eject_no_replica(servers, make_gateway):
+    """400s and 500s that only one tenant's requests draw (a validation error some servers
+    report as a 500) are that tenant's: every replica stays healthy for the others."""
+    for server in servers[:2]:
+        server.mock.behaviour.fail_statuses = [400, 400, 500, 500, 500, 500]
+    gw = make_gateway([fleet_route(servers[:2], eject_s=30)])
+    client = httpx.Client(base_url=gw.url, timeout=10)
+    body = {"model": "m", "messages": [{"role": "user", "content": "bad"}], "stream": True}
+    statuses = [client.post("/v1/chat/completions", json=body).status_code for _ in range(6)]
+    assert 400 in statuses and any(s >= 500 for s in statuses)  # (a retry may have answered)
+    for server in servers[:2]:
+        server.mock.behaviour.fail_statuses = []
+    states = replica_states(gw)
+    assert {r["state"] for r in states.values()} == {"healthy"}, states
+    assert sum(r["ejections"] for r in states.values()) == 0
+    ready = httpx.get(gw.url + "/readyz", timeout=10).json()
+    assert ready["replicas"] == {"fleet": {"r0": "healthy", "r1": "healthy"}}
+    ask(sdk_client(gw), SYSTEM, ["a good question", "and another"])

@@ -1,0 +1,442 @@
+"""Replica routing over HTTP: firsttoken's balance modes, and sglang-router's `cache_aware`, in
+front of the same prefix-caching engines under the same seeded workload.
+
+    python bench/fleet_http.py [--quick] [--seconds 90] [--replicas 4] [--rate 3.0] [--seed 7]
+
+Engines: `bench/fleet_engine.py`, one process each (16-token block chains, an LRU smaller than
+the working set, `--slots` at once and a queue, TTFT = 20 ms + 0.25 ms per uncached token,
+vLLM's `/metrics`). Workload (seeded, open loop): `--tenants` tenants with long system prompts
+(`--system-words`, scaled down from the issue's 2,000-6,000 words to fit a shared 2-core
+machine), conversations arriving as a Poisson process of `--rate` per second, 3-8 turns each
+with a think time after every answer; at 60% of the run engine e0 turns 300 ms slower (held
+slot included). The variants run one after another on the same engines, reset in between:
+round robin, least loaded and prefix affinity (the gateway, one real process, with
+`load_metrics: vllm`), then sglang-router `cache_aware` if `sglang_router` is installed
+(skipped with a message otherwise).
+
+Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99
+after warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of
+sequential short requests through the router minus straight to an engine); TTFT p99 after the
+slowdown; e0's share of conversations that began in the 20 s after it; follow-up turns after
+the slowdown served by another replica than their previous turn; router CPU per 1,000
+requests. After the prefix affinity run, one tenant sends 12 requests that fail (400s, 500s its
+own bodies cause) and `/readyz` must still show every replica healthy. Writes
+bench/results/fleet_http.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import ROOT, free_port, start_gateway, stop, stop_tree, tree_cpu_s, wait_http
+
+SLOW_EXTRA_MS = 300.0
+NEW_SESSION_WINDOW_S = 20.0
+WORDS = [f"w{i}" for i in range(5000)]
+
+
+@dataclass
+class Turn:
+    session: int
+    index: int
+    started: float  # seconds since the run began
+    ttft_ms: float | None
+    engine: str | None
+
+
+@dataclass
+class Workload:
+    systems: list[str]
+    sessions: list[tuple[float, int, list[str]]]  # (arrival s, tenant, user turns)
+    think_s: list[list[float]]
+
+
+def make_workload(args: argparse.Namespace) -> Workload:
+    rng = random.Random(args.seed)
+    lo, hi = args.system_words
+    systems = [
+        f"tenant{t} " + " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
+        for t in range(args.tenants)
+    ]
+    sessions, thinks, t = [], [], 0.0
+    while True:
+        t += rng.expovariate(args.rate)
+        if t >= args.seconds:
+            break
+        turns = [
+            f"s{len(sessions)} q{i} " + " ".join(rng.choices(WORDS, k=rng.randint(20, 60)))
+            for i in range(rng.randint(3, 8))
+        ]
+        sessions.append((t, rng.randrange(args.tenants), turns))
+        thinks.append([rng.expovariate(1.0 / args.think_s) for _ in turns])
+    return Workload(systems, sessions, thinks)
+
+
+async def stream_chat(
+    http: aiohttp.ClientSession, url: str, messages: list[dict]
+) -> tuple[float | None, str | None, str]:
+    """(TTFT ms, the engine that answered, the answer) of one streamed chat request."""
+    sent = time.perf_counter()
+    ttft, engine, parts = None, None, []
+    body = {"model": "m", "messages": messages, "stream": True, "max_tokens": 16}
+    async with http.post(url, json=body) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return None, None, ""
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            event = orjson.loads(line[6:])
+            for choice in event.get("choices") or ():
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    if ttft is None:
+                        ttft = 1000 * (time.perf_counter() - sent)
+                        engine = content.split()[0]
+                    parts.append(content)
+    return ttft, engine, "".join(parts)
+
+
+async def run_workload(url: str, workload: Workload, engines: list[str], args) -> list[Turn]:
+    turns: list[Turn] = []
+    began = time.perf_counter()
+    deadline = began + args.seconds  # no turn starts later (nor is one measured)
+    slowed = asyncio.Event()
+
+    async def slow_down() -> None:
+        await asyncio.sleep(args.seconds * 0.6)
+        control(engines[0], {"extra_ms": SLOW_EXTRA_MS})
+        slowed.set()
+
+    async def session(i: int, arrival: float, tenant: int, users: list[str]) -> None:
+        await asyncio.sleep(max(0.0, began + arrival - time.perf_counter()))
+        messages = [{"role": "system", "content": workload.systems[tenant]}]
+        for k, user in enumerate(users):
+            if time.perf_counter() > deadline:
+                return
+            messages.append({"role": "user", "content": user})
+            started = time.perf_counter() - began
+            try:
+                ttft, engine, answer = await stream_chat(http, url, messages)
+            except (aiohttp.ClientError, TimeoutError):
+                ttft, engine, answer = None, None, ""
+            turns.append(Turn(i, k, started, ttft, engine))
+            messages.append({"role": "assistant", "content": answer or "ok"})
+            await asyncio.sleep(workload.think_s[i][k])
+
+    timeout = aiohttp.ClientTimeout(total=60)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        slower = asyncio.ensure_future(slow_down())
+        await asyncio.gather(
+            *(session(i, *s) for i, s in enumerate(workload.sessions)), return_exceptions=True
+        )
+        slower.cancel()
+    return turns
+
+
+async def low_load_ttft(url: str, n: int) -> float:
+    """Median TTFT of `n` sequential short requests (no prefix to speak of)."""
+    values = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for i in range(n):
+            messages = [{"role": "user", "content": f"ping {i % 4} " + "w1 " * 8}]
+            ttft, _, _ = await stream_chat(http, url, messages)
+            if ttft is not None:
+                values.append(ttft)
+    values.sort()
+    return values[len(values) // 2] if values else float("nan")
+
+
+def control(engine: str, body: dict) -> None:
+    req = urllib.request.Request(
+        engine + "/control", data=orjson.dumps(body), headers={"content-type": "application/json"}
+    )
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def get_json(url: str) -> dict:
+    return orjson.loads(urllib.request.urlopen(url, timeout=5).read())
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+@dataclass
+class Variant:
+    name: str
+    kind: str  # "gateway" or "sglang"
+    balance: str = ""
+    result: dict = field(default_factory=dict)
+
+
+def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
+    procs, bases = [], []
+    for i in range(args.replicas):
+        port = free_port()
+        argv = [sys.executable, "-m", "bench.fleet_engine", "--port", str(port), "--name", f"e{i}"]
+        argv += ["--slots", str(args.slots), "--cache-blocks", str(args.cache_blocks)]
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        bases.append(f"http://127.0.0.1:{port}")
+    for proc, base in zip(procs, bases, strict=True):
+        wait_http(base + "/v1/models", proc=proc)
+    return procs, bases
+
+
+def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess.Popen, str]:
+    if variant.kind == "gateway":
+        route = {
+            "name": "fleet",
+            "models": ["*"],
+            "kind": "openai",
+            "replicas": [{"name": f"e{i}", "base_url": b + "/v1"} for i, b in enumerate(engines)],
+            "balance": variant.balance,
+            "load_metrics": "vllm",
+            "load_interval_s": 0.5,
+            # sized near what an engine holds, as the README advises: 16-token blocks of
+            # ~6-character words, in 256-character index blocks of 160 bytes each
+            "affinity_index_bytes": max(64 * 1024, args.cache_blocks * 16 * 6 // 256 * 160),
+        }
+        env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
+        proc, base, _ = start_gateway(engines[0] + "/v1", env)
+        return proc, base + "/chat/completions"
+    port = free_port()
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines]
+    argv += ["--log-level", "error"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=60, proc=proc)
+    return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+def tenant_failures(gateway_chat_url: str) -> dict:
+    """One tenant's 12 failing requests (400s, and 500s only its bodies cause); then every
+    replica must still be healthy in /readyz."""
+    statuses = []
+    for i in range(12):
+        messages = [] if i % 2 else [{"role": "user", "content": f"POISON {i}"}]
+        body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
+        req = urllib.request.Request(
+            gateway_chat_url, data=body, headers={"content-type": "application/json"}
+        )
+        try:
+            urllib.request.urlopen(req, timeout=10).read()
+            statuses.append(200)
+        except urllib.error.HTTPError as exc:
+            statuses.append(exc.code)
+    origin = gateway_chat_url.rsplit("/v1/", 1)[0]
+    try:
+        ready = get_json(origin + "/readyz")
+    except urllib.error.HTTPError as exc:
+        ready = orjson.loads(exc.read())
+    states = ready.get("replicas", {}).get("fleet", {})
+    return {
+        "statuses": sorted(set(statuses)),
+        "replica_states": states,
+        "all_healthy": bool(states) and all(s == "healthy" for s in states.values()),
+    }
+
+
+def measure(variant: Variant, workload: Workload, engines: list[str], args) -> dict:
+    """One variant's run on `engines`, reset first (empty caches, no slowdown)."""
+    for e in engines:
+        control(e, {"reset": True, "extra_ms": 0.0})
+    router = None
+    try:
+        router, url = start_router(variant, engines, args)
+        direct = asyncio.run(low_load_ttft(engines[1] + "/v1/chat/completions", args.probes))
+        routed = asyncio.run(low_load_ttft(url, args.probes))
+        for e in engines:
+            control(e, {"reset": True})
+        cpu_before = tree_cpu_s(router.pid)
+        turns = asyncio.run(run_workload(url, workload, engines, args))
+        cpu = tree_cpu_s(router.pid) - cpu_before
+        stats = [get_json(e + "/stats") for e in engines]
+        failures = tenant_failures(url) if variant.balance == "prefix_affinity" else None
+    finally:
+        if router is not None:
+            stop_tree(router)
+    return summarize(turns, stats, direct, routed, cpu, failures, args)
+
+
+def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
+    warm, slow = 0.35 * args.seconds, 0.6 * args.seconds
+    ok = [t for t in turns if t.ttft_ms is not None]
+    steady = [t.ttft_ms for t in ok if warm <= t.started < slow]
+    after = [t.ttft_ms for t in ok if slow <= t.started < args.seconds]
+    window = min(NEW_SESSION_WINDOW_S, args.seconds - slow)
+    new = [t for t in ok if t.index == 0 and slow <= t.started < slow + window]
+    previous: dict[int, str | None] = {}
+    moved = 0
+    slowest = []
+    for t in sorted(turns, key=lambda t: (t.session, t.index)):
+        before = previous.get(t.session)
+        if t.index > 0 and t.started >= slow and t.engine and before and t.engine != before:
+            moved += 1
+        if t.started >= slow and t.ttft_ms is not None:
+            slowest.append((round(t.ttft_ms), t.engine, before, t.index, round(t.started, 1)))
+        previous[t.session] = t.engine
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    cached = sum(s["cached_tokens"] for s in stats)
+    return {
+        "requests": len(turns),
+        "errors": len(turns) - len(ok),
+        "cached_share": cached / prompt if prompt else 0.0,
+        "ttft_p99_warm_ms": percentile(steady, 0.99),
+        "ttft_p50_warm_ms": percentile(steady, 0.5),
+        "added_ttft_low_load_ms": routed - direct,
+        "ttft_p99_after_slowdown_ms": percentile(after, 0.99),
+        "slow_share_of_new_sessions": (
+            sum(1 for t in new if t.engine == "e0") / len(new) if new else float("nan")
+        ),
+        "new_sessions_in_window": len(new),
+        "warm_follow_ups_moved": moved,
+        "router_cpu_s_per_1000": 1000 * cpu / max(1, len(turns)),
+        "served": {s_name: sum(1 for t in ok if t.engine == s_name) for s_name in _names(args)},
+        "tenant_failures": failures,
+        "slowest_after_slowdown": sorted(slowest, key=lambda x: -x[0])[
+            :12
+        ],  # ttft, on, was on, turn
+    }
+
+
+def _names(args) -> list[str]:
+    return [f"e{i}" for i in range(args.replicas)]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes)")
+    parser.add_argument("--seconds", type=float, default=None, help="workload length per variant")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--cache-blocks", type=int, default=None, help="per engine, 16 tokens each")
+    parser.add_argument("--tenants", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="new conversations per second")
+    parser.add_argument("--think-s", type=float, default=1.5)
+    parser.add_argument("--probes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
+    args = parser.parse_args()
+    quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}
+    full = {"seconds": 55.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.system_words = (300, 900) if args.quick else (1000, 3000)
+    if args.quick:
+        args.probes = min(args.probes, 8)
+    return args
+
+
+def variants(args) -> list[Variant]:
+    out = [
+        Variant("round robin", "gateway", "round_robin"),
+        Variant("least loaded", "gateway", "least_loaded"),
+        Variant("prefix affinity", "gateway", "prefix_affinity"),
+    ]
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        print("sglang-router is not installed (pip install sglang-router): cache_aware skipped")
+    else:
+        out.append(Variant("sglang cache_aware", "sglang"))
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",")}
+        out = [v for v in out if v.name in wanted or v.balance in wanted or v.kind in wanted]
+    return out
+
+
+ROWS = (
+    ("cached share of prompt tokens", "cached_share", "{:.1%}"),
+    ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
+    ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),
+    ("TTFT p99 after e0 turns 300 ms slower, ms", "ttft_p99_after_slowdown_ms", "{:,.0f}"),
+    ("e0's share of new sessions, 20 s after", "slow_share_of_new_sessions", "{:.1%}"),
+    ("warm follow-ups moved off their replica", "warm_follow_ups_moved", "{}"),
+    ("router CPU per 1,000 requests, s", "router_cpu_s_per_1000", "{:.2f}"),
+    ("requests (errors)", "requests", "{}"),
+)
+
+
+def print_table(done: list[Variant]) -> None:
+    width = 44
+    print(f"{'':<{width}}" + "".join(f"{v.name:>20}" for v in done))
+    for label, key, fmt in ROWS:
+        cells = []
+        for v in done:
+            value = v.result[key]
+            cell = fmt.format(value)
+            if key == "requests":
+                cell += f" ({v.result['errors']})"
+            cells.append(f"{cell:>20}")
+        print(f"{label:<{width}}" + "".join(cells))
+
+
+def main() -> int:
+    args = parse_args()
+    workload = make_workload(args)
+    requests = sum(len(s[2]) for s in workload.sessions)
+    print(
+        f"{args.replicas} engines x {args.slots} slots, "
+        f"LRU {args.cache_blocks * 16:,} tokens each; "
+        f"{args.tenants} tenants ({args.system_words[0]}-{args.system_words[1]}-word system "
+        f"prompts), {len(workload.sessions)} conversations, {requests} requests over "
+        f"{args.seconds:g} s; e0 +{SLOW_EXTRA_MS:g} ms from {0.6 * args.seconds:g} s"
+    )
+    began = time.perf_counter()
+    done = []
+    engine_procs, engines = start_engines(args)
+    try:
+        for variant in variants(args):
+            t0 = time.perf_counter()
+            variant.result = measure(variant, workload, engines, args)
+            done.append(variant)
+            print(f"  {variant.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        for proc in engine_procs:
+            stop(proc)
+    print_table(done)
+    affinity = next((v for v in done if v.balance == "prefix_affinity"), None)
+    if affinity is not None and affinity.result["tenant_failures"] is not None:
+        f = affinity.result["tenant_failures"]
+        print(
+            f"one tenant's 12 failing requests (answered {f['statuses']}): replicas "
+            f"{f['replica_states']} -> {'all healthy' if f['all_healthy'] else 'NOT all healthy'}"
+        )
+    print(f"elapsed {time.perf_counter() - began:.0f} s (measured on a shared machine: noisy)")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    report = {
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "variants": {v.name: v.result for v in done},
+        "sglang_router": shutil.which("sglang-router") is not None,
+    }
+    with open(args.out, "wb") as fh:
+        fh.write(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
