@@ -18,10 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
 from starlette.requests import Request
 
 from gateway.boundary.auth import KeyRing
-from gateway.boundary.body import parse_request, read_body
+from gateway.boundary.body import parse_request, read_body, strip_reserved
 from gateway.boundary.request_id import next_request_id
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
@@ -172,5 +173,7 @@ class Admission:
                 parsed.model,
                 parsed.stream,
             )
+            if strip_reserved(parsed.body):  # a door may forward the client's bytes as sent
+                admitted.raw = orjson.dumps(parsed.body)
         admitted.chain = await self.upstreams.chain_for(admitted.model)
         return admitted
