@@ -6,9 +6,9 @@ checks what the door needs to route it, and finds its route chain. Each happens 
 request: a door that translates the request into chat hands the `AdmittedRequest` on, it never
 re-encodes the body to be admitted again.
 
-A big chat or completions body is parsed (and prepared) in a worker process instead of on the
-event loop (`gateway.pipeline.big_bodies`), behind the `BigBodies` seam, so admission does not
-depend on the pipeline.
+A big chat, completions or Messages body is parsed (and prepared) in a worker process instead
+of on the event loop (`gateway.pipeline.big_bodies`), behind the `BigBodies` seam, so admission
+does not depend on the pipeline.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ class BigBodies(Protocol):
 
     def takes(self, api: str, size: int) -> bool: ...
 
-    async def parse(self, admitted: AdmittedRequest) -> Offloaded | None:
-        """The worker's result, or None when the body's routes need it parsed here."""
+    async def parse(self, admitted: AdmittedRequest, parser: BodyParser) -> Offloaded | None:
+        """The worker's result, or None when the body's routes need it parsed here. `parser`
+        is the door's own (a native API's body is parsed with it in the worker)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -163,7 +164,7 @@ class Admission:
         raw = admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
         big = self.big_bodies
         if big is not None and big.takes(admitted.api, len(raw)):
-            admitted.offloaded = await big.parse(admitted)
+            admitted.offloaded = await big.parse(admitted, parse)
         if admitted.offloaded is not None:
             admitted.model, admitted.stream = admitted.offloaded.model, admitted.offloaded.stream
         else:

@@ -93,8 +93,10 @@ class MessagesDoor:
             record = self.pipeline.record_for(admitted)
             record.api = "messages"
             record.route = route.name
-            # count_tokens is not a generation: no policy reports, no diagnostics
-            prepared = await self.preparation.native(admitted, record, policies=not count)
+            if admitted.offloaded is not None:  # a big body, parsed and prepared in a worker
+                prepared = self.preparation.native_offloaded(admitted, record)
+            else:  # count_tokens is not a generation: no policy reports, no diagnostics
+                prepared = await self.preparation.native(admitted, record, policies=not count)
         except GatewayError as exc:
             return anthropic_error(exc, admitted.request_id)
         return MessagesExchange(admitted, self.upstreams, self.settings, path, record, prepared)
@@ -104,9 +106,13 @@ class MessagesDoor:
         block, a top-level `container`) must be the tenant's own, as on every other door: an id
         not created through the gateway by this tenant is a 404 that never reaches the route,
         checked on the client's body whatever the route kind (before any translation)."""
+        objects = self.pipeline.objects
+        if admitted.offloaded is not None:  # the worker found them
+            await objects.routes_of(admitted.tenant, admitted.offloaded.references)
+            return
         offload = self.preparation.offload
         heavy = offload.is_heavy(len(admitted.raw))
-        await self.pipeline.objects.check_references(
+        await objects.check_references(
             admitted.tenant, admitted.raw, admitted.body, offload if heavy else None
         )
 
