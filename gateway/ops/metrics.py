@@ -43,7 +43,7 @@ log = logging.getLogger("firsttoken.metrics")
 MAX_WINDOW_S = 31 * 86400
 MAX_TENANT_CHARS = 256
 MAX_ROUTE_CHARS = 256
-MAX_CONCURRENT_READS = 2  # metrics and advice reads running at once, all tenants together
+MAX_CONCURRENT_READS = 1  # metrics and advice reads running at once, all tenants together
 MAX_WAITING_READS = 4  # a tenant's reads queued behind its running one; past it, 429
 
 

@@ -1,6 +1,7 @@
 """A metrics read is bounded by what the store keeps and by a budget per tenant: a 31-day window
 reads 7 days of metrics (a day of advice), the answer says so in `window_s`, and a tenant's
-reads queue behind each other (one at a time, the gateway two) rather than pile onto the loop."""
+reads queue behind each other (one at a time per tenant, the gateway MAX_CONCURRENT_READS) rather
+than pile onto the loop."""
 
 from __future__ import annotations
 
