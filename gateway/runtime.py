@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,11 @@ class Runtime:
             process_workers=settings.big_body_workers if table.first_of_kind("openai") else 0,
             process_init=(
                 worker_init,
-                (dumps_settings(settings), [r.model_dump(mode="json") for r in table.routes]),
+                (
+                    dumps_settings(settings),
+                    [r.model_dump(mode="json") for r in table.routes],
+                    os.getpid(),
+                ),
             ),
         )
         self.placements = _shared_placements(settings, self.fleets)

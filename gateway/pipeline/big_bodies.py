@@ -18,7 +18,10 @@ process boundary besides what `worker_init` receives.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -82,9 +85,10 @@ class NotHere:
     reason: str = field(default="route kind")
 
 
-def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
+def worker_init(settings_data: dict, routes_data: list[dict], gateway_pid: int = 0) -> None:
     """Build, once per worker, the settings, route table and policy chains it needs, from
-    `dumps_settings` (the policy options included) and the gateway's routes."""
+    `dumps_settings` (the policy options included) and the gateway's routes; `gateway_pid`:
+    the process it must not outlive (its parent when it was started)."""
     from gateway.config.routes import Route, RouteTable
     from gateway.pipeline.policies import PolicyRunner
 
@@ -92,7 +96,7 @@ def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
-    _exit_with_parent()
+    _exit_with_parent(gateway_pid or os.getppid())
     settings = Settings.model_validate(settings_data)
     routes = [Route.model_validate(data) for data in routes_data]
     _WORKER.update(
@@ -102,10 +106,23 @@ def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
     )
 
 
-def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers; each watches for its
-    parent to go and exits, instead of holding its memory forever."""
-    parent = os.getppid()
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers. On Linux the kernel
+    kills each the moment its parent goes (PR_SET_PDEATHSIG); everywhere, and should that
+    parent be a thread that ended, each also watches for its parent to go and exits, instead of
+    holding its memory forever. `parent` is the gateway's pid as it passed it: a gateway killed
+    while this worker was still starting is no longer the parent when this runs."""
+    if sys.platform == "linux":
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # it went before the prctl (or the watch) took effect
+        os._exit(0)
 
     def watch() -> None:
         while os.getppid() == parent:
