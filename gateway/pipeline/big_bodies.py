@@ -8,12 +8,13 @@ validate, find object references, run the policy chain for each route of the mod
 encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
 
 Chat bodies take this path on chains of `openai` routes: their upstream body is the encoded
-JSON as it is; so does a Messages body for an `anthropic` route (its native API,
-`NATIVE_KIND`), with the same per-tenant queue and so the same memory bound. A body that must be
-translated (chat to an Anthropic or local route, Messages to an OpenAI one) needs the parsed
-body in this process; it stays on the thread path (`gateway.boundary.offload`). Worker
-functions take and return only plain data, so nothing of the gateway's state crosses the
-process boundary besides what `worker_init` receives.
+JSON as it is; so does a Messages body for an `anthropic` route and a Responses body for an
+`openai` one (their native APIs, `NATIVE_KIND`), with the same per-tenant queue and so the same
+memory bound. A body that must be translated (chat to an Anthropic or local route, Messages to
+an OpenAI one, Responses to an Anthropic one) needs the parsed body in this process; it stays
+on the thread path (`gateway.boundary.offload`). Worker functions take and return only plain
+data, so nothing of the gateway's state crosses the process boundary besides what
+`worker_init` receives.
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 
 # The client APIs whose big bodies go to a worker when their route speaks that API natively
-# (the body goes upstream as the client's own JSON): Messages to an `anthropic` route.
-NATIVE_KIND = {"messages": "anthropic"}
+# (the body goes upstream as the client's own JSON): Messages to an `anthropic` route,
+# Responses to an `openai` one.
+NATIVE_KIND = {"messages": "anthropic", "responses": "openai"}
 
 
 def prepare(
@@ -165,8 +167,9 @@ def _prepare_native(
     find_refs: bool,
     parser: Callable[[bytes, Settings], Any],
 ) -> Prepared | NotHere:
-    """A Messages body for an `anthropic` route: parsed, checked, its policies run and encoded
-    here; a body whose route would translate it is parsed on the loop instead."""
+    """A Messages body for an `anthropic` route or a Responses body for an `openai` one:
+    parsed, checked, its policies run and encoded here; a body whose route would translate it
+    is parsed on the loop instead."""
     import orjson
 
     from gateway.boundary.body import strip_reserved

@@ -1,4 +1,5 @@
-"""Big Messages bodies for an `anthropic` route take the same path as big chat bodies: parsed,
+"""Big Messages bodies for an `anthropic` route, and big Responses bodies for an `openai` one,
+take the same path as big chat bodies: parsed,
 checked and prepared in a worker process, one job per tenant at a time, so the event loop never
 holds a parsed copy and ten at once cost no more gateway memory than ten chat bodies."""
 
@@ -126,3 +127,42 @@ def test_ten_big_messages_bodies_cost_no_more_than_ten_chat_bodies(gateway):
     chat_peak = _peak_during(gateway, "/v1/chat/completions", [orjson.dumps(chat)] * 10)
     messages_peak = _peak_during(gateway, "/v1/messages", [orjson.dumps(native)] * 10)
     assert messages_peak <= 1.25 * chat_peak + 2 * 1024 * 1024, (messages_peak, chat_peak)
+
+
+def responses(**extra: object) -> dict:
+    return {"model": "mock-1", "instructions": PADDING, "input": "hi", **extra}
+
+
+def post_responses(gw, body: dict, key: str = TENANT_A_KEY) -> httpx.Response:
+    return httpx.post(
+        gw.url + "/v1/responses", content=orjson.dumps(body), headers=auth(key), timeout=60
+    )
+
+
+def test_a_big_responses_body_is_prepared_in_a_worker(gateway, mock_upstream):
+    jobs = count_process_jobs(gateway)
+    r = post_responses(gateway, responses(bootstrap_room=7))
+    assert r.status_code == 200, r.text
+    assert jobs == ["responses"]
+    assert r.headers["x-firsttoken-policies"] == "slim,canonicalize,cache_hints"
+    (sent,) = [q["body"] for q in mock_upstream.mock.requests if q["path"] == "/v1/responses"]
+    sent = orjson.loads(sent) if isinstance(sent, bytes) else sent
+    assert "bootstrap_room" not in sent and "\n\n\n\n" not in sent["instructions"]
+
+
+def test_a_big_responses_body_naming_another_tenants_file_is_a_404(gateway, mock_upstream):
+    owner = sdk_client(gateway, TENANT_A_KEY)
+    theirs = owner.files.create(file=("a.pdf", b"%PDF acme"), purpose="user_data").id
+    item = {"role": "user", "content": [{"type": "input_file", "file_id": theirs}]}
+    r = post_responses(gateway, responses(input=[item]), key=TENANT_B_KEY)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "object_not_found"
+    assert not [q for q in mock_upstream.mock.requests if q["path"] == "/v1/responses"]
+
+
+def test_ten_big_responses_bodies_cost_no_more_than_ten_chat_bodies(gateway):
+    parts = [{"type": "input_text", "text": f"part {i}"} for i in range(20_000)]
+    chat = {"model": "mock-1", "messages": [{"role": "user", "content": parts}]}
+    native = {"model": "mock-1", "input": [{"role": "user", "content": parts}]}
+    chat_peak = _peak_during(gateway, "/v1/chat/completions", [orjson.dumps(chat)] * 10)
+    responses_peak = _peak_during(gateway, "/v1/responses", [orjson.dumps(native)] * 10)
+    assert responses_peak <= 1.25 * chat_peak + 2 * 1024 * 1024, (responses_peak, chat_peak)
