@@ -12,8 +12,11 @@ The victim: `--victim-concurrency` users, each starting a small streaming chat e
 `--victim-interval-ms` whether or not its last one finished (open loop, so a stalled gateway
 shows in every request it delays); TTFT is measured at the client from the scheduled start.
 Attack phases (biggest, messages, deep, headers, mixed), each alone with the victim, send the
-heaviest inputs the gateway's limits allow and a few just over them; `bench/isolation_inputs.py`
-builds them from `gateway.config.settings.Settings` and says what each phase sends.
+heaviest inputs the gateway's limits allow and a few just over them; `metrics` reads the
+attacker's own figures at the longest window on four connections in a loop (`--redis-url` puts
+the gateway's telemetry in that Redis, under a key prefix of the run's own, as in production);
+`bench/isolation_inputs.py` builds them from `gateway.config.settings.Settings` and says what
+each phase sends.
 
 The attacker is a separate process (this file with --attacker) sending back to back from
 `--attacker-connections` raw sockets; on a machine with 4+ cores it and its mock get cores 2
@@ -59,6 +62,7 @@ from bench.harness import (
 from bench.isolation_inputs import (
     ATTACKER_KEY,
     GRACE_S,
+    METRICS_CONNECTIONS,
     PHASES,
     REQUEST_TIMEOUT_S,
     Limits,
@@ -238,7 +242,9 @@ def upstream_main(port: int) -> int:
     return 0
 
 
-def gateway_env(victim_upstream: str, attacker_upstream: str) -> dict[str, str]:
+def gateway_env(
+    victim_upstream: str, attacker_upstream: str, redis_url: str | None = None
+) -> dict[str, str]:
     routes = [
         {"name": "victim", "models": [VICTIM_MODEL], "kind": "openai", "base_url": victim_upstream},
         {"name": "attacker", "models": ["*"], "kind": "openai", "base_url": attacker_upstream},
@@ -247,6 +253,14 @@ def gateway_env(victim_upstream: str, attacker_upstream: str) -> dict[str, str]:
         "FIRSTTOKEN_ROUTES": orjson.dumps(routes).decode(),
         "FIRSTTOKEN_TENANT_KEYS": f"victim:{VICTIM_KEY},attacker:{ATTACKER_KEY}",
         **limit_env(),
+        **(
+            {
+                "FIRSTTOKEN_REDIS_URL": redis_url,
+                "FIRSTTOKEN_METRICS_KEY_PREFIX": f"iso{os.getpid()}",
+            }
+            if redis_url
+            else {}
+        ),
     }
 
 
@@ -289,7 +303,11 @@ def spawn_attacker(
             "--seconds",
             str(args.seconds + 0.3),
             "--attacker-connections",
-            str(args.attacker_connections),
+            str(
+                max(METRICS_CONNECTIONS, args.attacker_connections)
+                if phase == "metrics"
+                else args.attacker_connections
+            ),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -398,6 +416,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--victim-interval-ms", type=float, default=100.0)
     parser.add_argument("--attacker-connections", type=int, default=2)
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument(
+        "--redis-url", help="the gateway's telemetry store (default: in process), for `metrics`"
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "isolation.json"))
     parser.add_argument("--attacker", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -441,7 +462,7 @@ def run(
         attacker_mock, attacker_upstream = start_attacker_mock(place)
         procs.append(attacker_mock)
         gateway, url, _ = start_gateway(
-            victim_upstream, gateway_env(victim_upstream, attacker_upstream)
+            victim_upstream, gateway_env(victim_upstream, attacker_upstream, args.redis_url)
         )
         procs.append(gateway)
         drain_log(gateway, log_tail)

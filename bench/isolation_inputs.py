@@ -21,7 +21,11 @@ with strings (free of `{` and `[`, so they spend no containers):
               (expect 400)
     headers   head just under max_header_bytes with max_headers - 1 fields, one huge field,
               a request line just under max_request_line_bytes; and over each (expect 431/414)
-    mixed     all of the above in rotation
+    metrics   the longest-window reads a tenant may make (TTFT figures, series, cache advice,
+              31 days asked), in a loop on at least four connections, with a small chat of its
+              own now and then so that its figures have routes to read (expect 200, or 429 once
+              its reads queue past the gateway's budget)
+    mixed     all of the above but metrics in rotation
 
 Every request carries a unique nonce (model name, message text), so no cache helps.
 """
@@ -40,7 +44,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-PHASES = ("biggest", "messages", "deep", "headers", "mixed")
+PHASES = ("biggest", "messages", "deep", "headers", "mixed", "metrics")
+METRICS_CONNECTIONS = 4  # "four longest-window reads in a loop"
+LONGEST_WINDOW_S = 31 * 86400
 ATTACKER_KEY = "sk-isolation-attacker"
 NONCE = b"~nonce~~~~~~~~"  # replaced per request by a same-width counter
 BODY_SLACK = 4096  # bodies end this close to max_body_bytes (what `fill` can reach)
@@ -426,10 +432,41 @@ def deep_probes(limits: Limits, pool: str) -> list[Probe]:
     ]
 
 
+def http_get(target: str) -> bytes:
+    head = [
+        f"GET {target} HTTP/1.1",
+        "host: 127.0.0.1",
+        f"authorization: Bearer {ATTACKER_KEY}",
+        "connection: close",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode()
+
+
+def metrics_probes() -> list[Probe]:
+    window = LONGEST_WINDOW_S
+    reads = ("200", "429")
+    chat = orjson.dumps(
+        {
+            "model": "atk-metrics",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi " + NONCE.decode()}],
+        }
+    )
+    return [
+        Probe("ttft", http_get(f"/v1/metrics/ttft?window={window}"), reads),
+        Probe("advice", http_get(f"/v1/metrics/cache-advice?window={window}"), reads),
+        Probe("series", http_get(f"/v1/metrics/ttft/series?window={window}&step=3600"), reads),
+        Probe("ttft,by_api", http_get(f"/v1/metrics/ttft?window={window}&api=chat"), reads),
+        Probe("chat", http_request(chat), ("200",)),
+    ]
+
+
 def probes_for(phase: str, limits: Limits) -> list[Probe]:
     rng = random.Random(phase)
     if phase == "mixed":
-        return [p for name in PHASES[:-1] for p in probes_for(name, limits)]
+        return [p for name in PHASES[:4] for p in probes_for(name, limits)]
+    if phase == "metrics":
+        return metrics_probes()
     if phase == "headers":
         return header_probes(limits)
     if phase == "deep":

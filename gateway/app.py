@@ -26,7 +26,7 @@ from gateway.doors.responses import ResponsesDoor
 from gateway.errors import GatewayError
 from gateway.ops.advice import advice_endpoints
 from gateway.ops.dashboard import dashboard_endpoints
-from gateway.ops.metrics import metrics_endpoints
+from gateway.ops.metrics import ReadBudget, metrics_endpoints
 from gateway.runtime import Runtime
 
 log = logging.getLogger("firsttoken")
@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None) -> HotPath:
         finally:
             await runtime.aclose()
 
+    reads = ReadBudget()  # the metrics and advice reads' share of the loop, shared by both
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),  # via HotPath
         Route("/v1/completions", completions, methods=["POST"]),
@@ -95,8 +96,8 @@ def create_app(settings: Settings | None = None) -> HotPath:
         *models_endpoints(admission, runtime.upstreams, lambda: runtime.started_at),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        *metrics_endpoints(admission, runtime.telemetry, runtime.fleet_states),
-        *advice_endpoints(admission, runtime.telemetry, runtime.settings.policy_options),
+        *metrics_endpoints(admission, runtime.telemetry, runtime.fleet_states, reads),
+        *advice_endpoints(admission, runtime.telemetry, runtime.settings.policy_options, reads),
         *dashboard_endpoints(admission),
         Route("/v1/{path:path}", other_v1, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]

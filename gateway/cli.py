@@ -66,20 +66,24 @@ def _serve(args: argparse.Namespace) -> int:
     # them again and again on the request path.
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(
-        server_config(
-            app,
-            settings,
-            host=args.host,
-            port=args.port,
-            log_level=settings.log_level,
-            access_log=args.access_log,
-            loop="auto",
-            lifespan="on",
-            timeout_keep_alive=75,
-            **options,
-        )
+    config = server_config(
+        app,
+        settings,
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level,
+        access_log=args.access_log,
+        loop="auto",
+        lifespan="on",
+        timeout_keep_alive=75,
+        **options,
     )
+    if worker and args.worker_heartbeat_fd is not None:
+        from gateway.run.health import HeartbeatServer
+
+        server: uvicorn.Server = HeartbeatServer(config, args.worker_heartbeat_fd)
+    else:
+        server = uvicorn.Server(config)
     if worker and args.worker_parent is not None:
         from gateway.run import workers
         from gateway.run.supervision import exit_with_parent
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-parent", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-heartbeat-fd", type=int, help=argparse.SUPPRESS)
     sub.add_parser(
         "engine",
         help="run the bundled engine's own OpenAI-compatible server "

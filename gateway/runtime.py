@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -90,7 +91,11 @@ class Runtime:
             ),
             process_init=(
                 worker_init,
-                (dumps_settings(settings), [r.model_dump(mode="json") for r in table.routes]),
+                (
+                    dumps_settings(settings),
+                    [r.model_dump(mode="json") for r in table.routes],
+                    os.getpid(),
+                ),
             ),
         )
         self.placements = _shared_placements(settings, self.fleets)

@@ -21,6 +21,7 @@ from policies.diagnostics import (
     find_prefix_break,
     stable_prefix_tokens,
 )
+from policies.readable import PolicyShapeError
 from policies.tokens import count_request_tokens
 
 
@@ -48,6 +49,7 @@ __all__ = [
     "PolicyContext",
     "PolicyOptions",
     "PolicyResult",
+    "PolicyShapeError",
     "PrefixBreak",
     "PrefixFingerprints",
     "build_chain",

@@ -56,6 +56,7 @@ from policies.request import (
     role_of,
     tool_function_name,
     tools_of,
+    type_of,
 )
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_tool
 from policies.volatile import has_volatile, is_volatile_note, mask_volatile
@@ -134,7 +135,7 @@ def _mark_content(content: Any, marker: dict) -> Any:
         return [{"type": "text", "text": content, "cache_control": marker}]
     for index in range(len(content) - 1, -1, -1):
         part = content[index]
-        if isinstance(part, dict) and part.get("type") not in _UNMARKABLE_PARTS:
+        if isinstance(part, dict) and type_of(part) not in _UNMARKABLE_PARTS:
             parts = list(content)
             parts[index] = {**part, "cache_control": marker}
             return parts

@@ -27,7 +27,13 @@ from typing import Any
 from policies.config import CanonicalizeOptions
 from policies.passages import sort_passage_runs
 from policies.provider_limits import CACHE_FAMILIES, cache_family
-from policies.request import SYSTEM_ROLES, is_item, map_message_text, tool_function_name
+from policies.request import (
+    SYSTEM_ROLES,
+    is_item,
+    map_message_text,
+    tool_function_name,
+    type_of,
+)
 from policies.volatile import PlaceholderTable, insert_note, is_volatile_note, note_message
 
 REQUEST_ORDER = (
@@ -146,7 +152,7 @@ def sort_keys_deep(value: Any) -> Any:
 
 
 def _canonical_part(part: Any) -> Any:
-    if not isinstance(part, dict) or part.get("type") not in _ORDERED_PART_TYPES:
+    if not isinstance(part, dict) or type_of(part) not in _ORDERED_PART_TYPES:
         return part
     result = ordered(part, PART_ORDER)
     if not isinstance(result, dict):

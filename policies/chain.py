@@ -22,6 +22,7 @@ from policies.canonicalize import CanonicalizePolicy
 from policies.config import POLICY_NAMES, PolicyConfigError, PolicyOptions, parse_options
 from policies.diagnostics import PrefixFingerprints
 from policies.provider_limits import cache_family
+from policies.readable import unreadable
 from policies.shapes import lift, lower
 from policies.slim import SlimPolicy
 from policies.tokens import TOKENS_FOR_REPLY, count_message, count_request_tokens
@@ -115,8 +116,12 @@ class PolicyChain:
         return f"PolicyChain({', '.join(self.names) or 'none'})"
 
     def transform(self, body: dict, ctx: PolicyContext) -> PolicyResult:
-        """Transform ``body`` (what the upstream needs); the report waits for ``measure``."""
+        """Transform ``body`` (what the upstream needs); the report waits for ``measure``.
+        Raises ``PolicyShapeError`` for a body whose containers the policies cannot read."""
         view = lift(body, ctx.endpoint)
+        problem = unreadable(view)
+        if problem is not None:
+            raise problem
         current = dict(view)
         notes: dict[str, Any] = {}
         for policy in self.policies:

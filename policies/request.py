@@ -30,12 +30,15 @@ _CONTENT_PART_TYPES = TEXT_PART_TYPES | {
 }
 
 
+def type_of(part: Any) -> str | None:
+    """A part's or item's ``type`` when it is a string, else None: a client's ``["text"]`` or
+    ``{}`` is never looked up in a set or compared as a name."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def is_text_part(part: Any) -> bool:
-    return (
-        isinstance(part, dict)
-        and part.get("type") in TEXT_PART_TYPES
-        and isinstance(part.get("text"), str)
-    )
+    return type_of(part) in TEXT_PART_TYPES and isinstance(part.get("text"), str)
 
 
 def is_item(message: Any) -> bool:
@@ -125,7 +128,8 @@ def tools_of(body: dict) -> list[Any] | None:
 
 
 def role_of(message: Any) -> str | None:
-    return message.get("role") if isinstance(message, dict) else None
+    role = message.get("role") if isinstance(message, dict) else None
+    return role if isinstance(role, str) else None
 
 
 def tool_function_name(tool: Any) -> str:

@@ -6,9 +6,9 @@ checks what the door needs to route it, and finds its route chain. Each happens 
 request: a door that translates the request into chat hands the `AdmittedRequest` on, it never
 re-encodes the body to be admitted again.
 
-A big chat or completions body is parsed (and prepared) in a worker process instead of on the
-event loop (`gateway.pipeline.big_bodies`), behind the `BigBodies` seam, so admission does not
-depend on the pipeline.
+A big chat, completions or Messages body is parsed (and prepared) in a worker process instead
+of on the event loop (`gateway.pipeline.big_bodies`), behind the `BigBodies` seam, so admission
+does not depend on the pipeline.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
 from starlette.requests import Request
 
 from gateway.boundary.auth import KeyRing
-from gateway.boundary.body import parse_request, read_body
+from gateway.boundary.body import parse_request, read_body, strip_reserved
 from gateway.boundary.request_id import client_request_id, next_request_id
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
@@ -57,8 +58,9 @@ class BigBodies(Protocol):
 
     def takes(self, api: str, size: int) -> bool: ...
 
-    async def parse(self, admitted: AdmittedRequest) -> Offloaded | None:
-        """The worker's result, or None when the body's routes need it parsed here."""
+    async def parse(self, admitted: AdmittedRequest, parser: BodyParser) -> Offloaded | None:
+        """The worker's result, or None when the body's routes need it parsed here. `parser`
+        is the door's own (a native API's body is parsed with it in the worker)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -166,7 +168,7 @@ class Admission:
         raw = admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
         big = self.big_bodies
         if big is not None and big.takes(admitted.api, len(raw)):
-            admitted.offloaded = await big.parse(admitted)
+            admitted.offloaded = await big.parse(admitted, parse)
         if admitted.offloaded is not None:
             admitted.model, admitted.stream = admitted.offloaded.model, admitted.offloaded.stream
         else:
@@ -176,5 +178,7 @@ class Admission:
                 parsed.model,
                 parsed.stream,
             )
+            if strip_reserved(parsed.body):  # a door may forward the client's bytes as sent
+                admitted.raw = orjson.dumps(parsed.body)
         admitted.chain = await self.upstreams.chain_for(admitted.model)
         return admitted

@@ -97,6 +97,23 @@ def nested_deeper_than(obj: dict | list, limit: int) -> bool:
     return not _CONTAINERS.isdisjoint(map(type, _referents(*level)))
 
 
+# Fields that tell a vLLM or SGLang server where to pull (or push) KV blocks: only the gateway's
+# own pd router (`gateway.upstreams.pd`) may set them, never a client, on any door or route kind.
+RESERVED_FIELDS = ("kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+def strip_reserved(body: dict) -> bool:
+    """Remove the reserved top-level fields from a client's parsed body; whether any was there
+    (then the client's bytes must not be forwarded as they are). Four dict lookups: a body
+    without them costs nothing more, and is never re-encoded."""
+    found = False
+    for name in RESERVED_FIELDS:
+        if name in body:
+            del body[name]
+            found = True
+    return found
+
+
 def require_model(body: dict, max_chars: int) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
@@ -162,6 +179,7 @@ def parse_request(raw: bytes, endpoint: str, settings: Settings) -> tuple[dict, 
     """A chat or completions body, parsed within the limits and checked enough to route it:
     (body, model). The same on the loop and in a big-body worker process."""
     body = parse_json(raw, settings.max_json_depth, settings.max_json_containers)
+    strip_reserved(body)  # a chat body is always encoded again from the dict, never forwarded
     model = require_model(body, settings.max_model_chars)
     if endpoint == "chat":
         validate_chat(body, settings.max_messages)

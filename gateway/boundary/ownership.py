@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("firsttoken.ownership")
 
-# Body keys whose string values (or lists of strings) name objects. `conversation` may also be
-# {"id": ...}. Keys under `metadata` are the client's own names and are not read.
+# Body keys whose string values (or lists of strings) name objects, on every door (Anthropic's
+# `file` sources and `container` too). `conversation` and `container` may also be {"id": ...}.
+# Keys under `metadata` are the client's own names and are not read.
 REFERENCE_KEYS = frozenset(
     {
         "assistant_id",
@@ -74,6 +75,9 @@ CREATING_ACTIONS = frozenset({("uploads", "parts"), ("videos", "remix")})
 # run; the thread arrives as `thread_id` and is adopted).
 COLLECTION_CREATES = frozenset({("threads", "runs")})
 SKIPPED_KEYS = frozenset({"metadata"})
+# Reference keys whose value may be an object holding the id (`{"id": ...}`): a Responses
+# `conversation`, an Anthropic `container` (with its `skills`).
+ID_OBJECT_KEYS = frozenset({"conversation", "container"})
 # Stored responses expire upstream after 30 days; their records follow.
 TTL_S = {"responses": 30 * 86400}
 
@@ -121,7 +125,7 @@ def find_references(body: Any) -> list[str]:
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in REFERENCE_KEYS:
-                    _collect(value, found, key == "conversation")
+                    _collect(value, found, key in ID_OBJECT_KEYS)
                 if isinstance(value, (dict, list)) and key not in SKIPPED_KEYS:
                     stack.append(value)
         else:

@@ -23,6 +23,8 @@ def parse_tenant_keys(value: str, variable: str = f"{ENV_PREFIX}TENANT_KEYS") ->
     A tenant may have several keys (rotation); a key that names two tenants is refused, and
     the message names the tenants, never the key."""
     table: dict[bytes, str] = {}
+    if not value.strip(" ,\t\n"):
+        raise ValueError(_no_key(variable))
     for item in value.split(","):
         item = item.strip()
         if not item:
@@ -45,9 +47,17 @@ def parse_tenant_keys(value: str, variable: str = f"{ENV_PREFIX}TENANT_KEYS") ->
     return table
 
 
-def parse_admin_keys(value: str) -> frozenset[bytes]:
-    """`key,key` -> their digests."""
-    return frozenset(digest(k.strip()) for k in value.split(",") if k.strip())
+def parse_admin_keys(value: str, variable: str = f"{ENV_PREFIX}ADMIN_KEYS") -> frozenset[bytes]:
+    """`key,key` -> their digests. A list that is set but holds no key is refused: whoever set
+    it meant to have keys, and `' ,'` would otherwise pass as none at all."""
+    keys = frozenset(digest(k.strip()) for k in value.split(",") if k.strip())
+    if not keys:
+        raise ValueError(_no_key(variable))
+    return keys
+
+
+def _no_key(variable: str) -> str:
+    return f"{variable}: set, but holds no key; give at least one, or unset it"
 
 
 def tenants_holding(tenant_keys: Mapping[bytes, str], keys: Set[bytes]) -> list[str]:

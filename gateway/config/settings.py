@@ -375,17 +375,20 @@ def load_settings(
     options: dict[str, object] = {}
     unknown: list[str] = []
     sources: dict[str, tuple[str, str]] = {}  # field -> (file key, file) for the file's values
+    near_misses: list[str] = []
     if config_file is not None:
         for key, value in read_config_file(config_file).items():
             where = f"{key!r} in {config_file}"
             _sort_in(str(key).upper(), value, values, options, unknown, where, "")
             sources[str(key).lower()] = (str(key), str(config_file))
+            _check_near_miss(str(key).upper(), near_misses, where, "")
     for name, value in environ.items():
         upper = name.upper()
         if upper.startswith(ENV_PREFIX):
             key = upper[len(ENV_PREFIX) :]
             _sort_in(key, value, values, options, unknown, name, ENV_PREFIX)
             sources.pop(key.lower(), None)  # the variable overrides the file
+            _check_near_miss(key, near_misses, name, ENV_PREFIX)
     values.update(overrides)
     for name in overrides:
         sources.pop(name, None)
@@ -395,6 +398,8 @@ def load_settings(
     values.setdefault("captured_env", _capture(environ, wanted))
     for message in unknown:  # before validation: a typo may be why a value is missing
         log.warning(message)
+    if near_misses:  # a gateway that cannot read its keys would serve everyone: never start
+        raise SettingsError("; ".join(near_misses))
     token = _FILE_SOURCES.set(sources)  # a bad value is named where it came from
     try:
         settings = Settings(**values)
@@ -434,6 +439,42 @@ def _sort_in(
         options[key] = value  # the policies validate these, a typo included
     elif key not in OTHER_VARIABLES:
         unknown.append(f"{where}: no such setting, ignored{_suggestion(key, prefix)}")
+
+
+# The settings that close the gateway to strangers. A variable that looks like one of them but is
+# not one (`FIRSTTOKEN_TENANT_KEY`, `tenant_key` in a file) stops the start: read as "unknown,
+# ignored", it would leave the gateway open to everyone.
+KEY_SETTINGS = ("TENANT_KEYS", "ADMIN_KEYS")
+NEAR_MISS_CUTOFF = 0.75
+BARE_KEY_NAMES = frozenset({"KEY", "KEYS", "API_KEY", "API_KEYS", "AUTH_KEY", "AUTH_KEYS"})
+
+
+def looks_like_key_setting(key: str) -> str | None:
+    """The key setting that `key` (upper case, no prefix, not itself a setting) seems meant to
+    be, or None."""
+    if key in BARE_KEY_NAMES:  # the gateway's own key, as a user would guess its name
+        return "TENANT_KEYS"
+    close = difflib.get_close_matches(key, KEY_SETTINGS, n=1, cutoff=NEAR_MISS_CUTOFF)
+    if close:
+        return close[0]
+    if "KEY" in key:
+        for setting in KEY_SETTINGS:
+            if setting.split("_", 1)[0] in key:  # TENANT or ADMIN with KEY: a key setting
+                return setting
+    return None
+
+
+def _check_near_miss(key: str, near_misses: list[str], where: str, prefix: str) -> None:
+    if key.lower() in Settings.model_fields or key.startswith(POLICY_OPTION_PREFIXES):
+        return
+    meant = looks_like_key_setting(key)
+    if meant is not None:
+        name = f"{prefix}{meant}" if prefix else meant.lower()
+        near_misses.append(
+            f"{where}: no such setting, and it looks like a key setting (did you mean {name}?); "
+            "the gateway does not start with a key setting it cannot read, since it would "
+            "then admit everyone"
+        )
 
 
 def variable_keys() -> list[str]:

@@ -97,17 +97,35 @@ class MessagesDoor:
         admitted = self.admission.begin(request, "count_tokens" if count else "messages")
         try:
             await self.admission.admit(admitted, parse_count_tokens if count else parse_messages)
+            await self._check_references(admitted)
             route = admitted.route
             if not speaks_messages(route, admitted.model, count):
                 return await self._translated(admitted, path)
             record = self.pipeline.record_for(admitted)
             record.api = "messages"
             record.route = route.name
-            # count_tokens is not a generation: no policy reports, no diagnostics
-            prepared = await self.preparation.native(admitted, record, policies=not count)
+            if admitted.offloaded is not None:  # a big body, parsed and prepared in a worker
+                prepared = self.preparation.native_offloaded(admitted, record)
+            else:  # count_tokens is not a generation: no policy reports, no diagnostics
+                prepared = await self.preparation.native(admitted, record, policies=not count)
         except GatewayError as exc:
             return anthropic_error(exc, admitted.request_id)
         return MessagesExchange(admitted, self.upstreams, self.settings, path, record, prepared)
+
+    async def _check_references(self, admitted: AdmittedRequest) -> None:
+        """The objects a native body names (a `file` source's `file_id` in a document or image
+        block, a top-level `container`) must be the tenant's own, as on every other door: an id
+        not created through the gateway by this tenant is a 404 that never reaches the route,
+        checked on the client's body whatever the route kind (before any translation)."""
+        objects = self.pipeline.objects
+        if admitted.offloaded is not None:  # the worker found them
+            await objects.routes_of(admitted.tenant, admitted.offloaded.references)
+            return
+        offload = self.preparation.offload
+        heavy = offload.is_heavy(len(admitted.raw))
+        await objects.check_references(
+            admitted.tenant, admitted.raw, admitted.body, offload if heavy else None
+        )
 
     async def _translated(self, admitted: AdmittedRequest, path: PassPath) -> ASGIApp:
         """A Messages request for an `openai` or `local` route, served by the chat pipeline."""

@@ -23,13 +23,14 @@ from starlette.types import Send
 from gateway.boundary.request_id import REQUEST_ID_HEADER
 from gateway.config.settings import Settings
 from gateway.doors.passthrough_relay import is_json, read_bounded
-from gateway.errors import GatewayError
+from gateway.errors import ERROR_BODY_BYTES, GatewayError, upstream_error_parts
 from gateway.pipeline.prepare import NativeBody
 from gateway.sse import SSE_RAW_HEADERS, SSEEvent, event_name, read_events
 from gateway.telemetry.record import RequestRecord
 from gateway.translation.anthropic import openai_usage
 from gateway.translation.messages_chat import anthropic_error_type
 from gateway.upstreams.base import has_request_id, relayed_headers
+from gateway.upstreams.http import read_prefix
 
 # Events after which nothing more is read: the end of the answer, or its failure.
 FINAL_EVENTS = frozenset({"message_stop", "error"})
@@ -38,6 +39,25 @@ USAGE_EVENTS = frozenset({"message_start", "message_delta"})
 
 def error_body(message: str, type: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": type, "message": message}})
+
+
+def anthropic_error_from_upstream(status: int, body: bytes | None) -> bytes:
+    """An upstream's error body in Anthropic's shape, its message kept; one already in that
+    shape (`type` "error", an `error` with string `type` and `message`) goes as it came."""
+    parts = upstream_error_parts(status, body, anthropic_error_type(status))
+    if body and len(body) < ERROR_BODY_BYTES:
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("type") == "error":
+            inner = parsed.get("error")
+            if isinstance(inner, dict) and all(
+                isinstance(inner.get(k), str) for k in ("type", "message")
+            ):
+                return body
+    out = {"type": "error", "error": {"type": parts["type"], "message": parts["message"]}}
+    return orjson.dumps(out)
 
 
 def error_event(message: str, type: str = "api_error") -> bytes:
@@ -155,9 +175,11 @@ class MessagesRelay:
             await self.error(GatewayError(mine, f"Upstream {name!r} answered {status}."), headers)
             return
         media = resp.content_type
-        if status >= 400:
+        if status >= 400:  # the upstream's own refusal, bounded and in Anthropic's shape
             self.record.ended_with(status)
-            await self._json(resp, status, retry=True)
+            body = anthropic_error_from_upstream(status, await read_prefix(resp, ERROR_BODY_BYTES))
+            headers = answer_headers(resp.raw_headers, self.request_id, retry=True)
+            await self.whole(status, [*headers, *await self._policy_headers()], body)
         elif stream:
             if media != "text/event-stream":
                 raise GatewayError(

@@ -24,11 +24,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.boundary.admit import AdmittedRequest
-from gateway.boundary.body import parse_json, read_body
+from gateway.boundary.body import parse_json, read_body, strip_reserved
 from gateway.boundary.client_watch import ClientWatch
 from gateway.config.routes import PASSTHROUGH_KINDS, Route, RouteTable
 from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
@@ -246,6 +247,8 @@ class Exchange:
         if not raw:
             return None, None, None
         parsed = parse_json(raw, self.settings.max_json_depth, self.settings.max_json_containers)
+        if strip_reserved(parsed):  # only the gateway's pd router tells a server where KV is
+            raw = orjson.dumps(parsed)
         return raw, parsed, content_type or "application/json"
 
     # -- the exchange --------------------------------------------------------------------

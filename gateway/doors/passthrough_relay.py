@@ -23,9 +23,15 @@ from starlette.types import Send
 from gateway.boundary.ownership import Ownership
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
-from gateway.errors import GatewayError, error_body
+from gateway.errors import (
+    ERROR_BODY_BYTES,
+    GatewayError,
+    error_body,
+    openai_error_from_upstream,
+)
 from gateway.paths import PassPath
 from gateway.sse import SSE_HEADERS, SSEEvent, read_events
+from gateway.upstreams.http import read_prefix
 
 log = logging.getLogger("firsttoken.passthrough")
 
@@ -123,6 +129,10 @@ class Relay:
                 mine, {"content-type": "application/json", **retry}, orjson.dumps(error.to_dict())
             )
             return mine
+        if status >= 400:  # the upstream's own refusal, bounded and in OpenAI's shape
+            raw = openai_error_from_upstream(status, await read_prefix(resp, ERROR_BODY_BYTES))
+            await self.whole(status, {**headers, "content-type": "application/json"}, raw)
+            return status
         content_type = resp.headers.get("content-type", "")
         if status < 300 and "text/event-stream" in content_type:
             return await self.events(resp, headers)

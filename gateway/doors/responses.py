@@ -23,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
-from gateway.boundary.admit import Admission, ParsedBody
+from gateway.boundary.admit import Admission, AdmittedRequest, ParsedBody
 from gateway.boundary.body import parse_json, require_model
 from gateway.config.settings import Settings
 from gateway.doors.passthrough import Exchange, Passthrough, ReadyBody
@@ -72,7 +72,9 @@ class ResponsesDoor:
         try:
             await self.admission.admit(admitted, parse_responses)
             route, body = admitted.route, admitted.body
-            assert body is not None  # a Responses body is parsed here, never in a worker
+            if admitted.offloaded is not None:  # a big body for an openai route, from a worker
+                return await self._offloaded(admitted)
+            assert body is not None
             if route.kind != "openai":
                 translated = translate_request(
                     responses_request_to_chat, body, admitted.model, route
@@ -87,6 +89,18 @@ class ResponsesDoor:
             return exc.to_response(admitted.request_id)
         observer = ResponsesObserver(record, prepared)
         return Exchange(admitted, self.passthrough, ReadyBody(prepared.data, body, observer))
+
+    async def _offloaded(self, admitted: AdmittedRequest) -> ASGIApp:
+        """A big body that a worker parsed, checked and prepared for its `openai` route: its
+        object references were found there and are checked here, before the exchange (which
+        then has no parsed body to read)."""
+        big = admitted.offloaded
+        await self.pipeline.objects.routes_of(admitted.tenant, big.references)
+        record = self.pipeline.record_for(admitted)
+        record.route = admitted.route.name
+        prepared = self.preparation.native_offloaded(admitted, record)
+        observer = ResponsesObserver(record, prepared)
+        return Exchange(admitted, self.passthrough, ReadyBody(prepared.data, {}, observer))
 
 
 def parse_responses(raw: bytes, settings: Settings) -> ParsedBody:

@@ -7,6 +7,13 @@ Admins (and an open gateway) also get each replicated route's replicas: state, l
 affinity hits, ejections, mean upstream TTFT, and hedges sent, won and lost.
 `/v1/metrics/ttft/series` gives the same figures per step of the window, under the same rules
 (`gateway/telemetry/series.py`), with `?step=` and `?route=` besides.
+
+A read costs the gateway work per retained minute, and any tenant may ask for the longest window,
+so one read is bounded twice: its window is clamped to what the store keeps
+(`FIRSTTOKEN_METRICS_RETENTION`, 7 days; the answer's `window_s` says what was read), and
+`ReadBudget` lets each tenant run one read at a time and the gateway `MAX_CONCURRENT_READS`
+(a tenant with `MAX_WAITING_READS` already queued gets a 429), so a tenant's reads in a loop take
+a bounded share of the serving loop and queue behind each other, not in front of other tenants.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import orjson
@@ -35,6 +43,40 @@ log = logging.getLogger("firsttoken.metrics")
 MAX_WINDOW_S = 31 * 86400
 MAX_TENANT_CHARS = 256
 MAX_ROUTE_CHARS = 256
+MAX_CONCURRENT_READS = 1  # metrics and advice reads running at once, all tenants together
+MAX_WAITING_READS = 4  # a tenant's reads queued behind its running one; past it, 429
+
+
+class ReadBudget:
+    """One read at a time per tenant, `MAX_CONCURRENT_READS` for the gateway. Made per app (its
+    semaphores belong to the app's event loop); shared by the metrics and advice endpoints."""
+
+    def __init__(self, concurrent: int = MAX_CONCURRENT_READS) -> None:
+        self._all = asyncio.Semaphore(concurrent)
+        self._tenants: dict[str, asyncio.Semaphore] = {}
+        self._waiting: dict[str, int] = {}
+
+    @asynccontextmanager
+    async def hold(self, tenant: str) -> AsyncIterator[None]:
+        waiting = self._waiting.get(tenant, 0)
+        if waiting > MAX_WAITING_READS:
+            raise GatewayError(
+                429,
+                "Too many metrics reads in flight for this tenant; wait for one to finish.",
+                code="too_many_metrics_reads",
+            )
+        own = self._tenants.setdefault(tenant, asyncio.Semaphore(1))
+        self._waiting[tenant] = waiting + 1
+        try:
+            async with own, self._all:
+                yield
+        finally:
+            left = self._waiting[tenant] - 1
+            if left:
+                self._waiting[tenant] = left
+            else:  # the table holds only tenants with a read in flight
+                del self._waiting[tenant]
+                self._tenants.pop(tenant, None)
 
 
 def _seconds(request: Request, name: str, default: str, low: int, high: int) -> int:
@@ -49,8 +91,10 @@ def _seconds(request: Request, name: str, default: str, low: int, high: int) -> 
     return int(raw)
 
 
-def window_param(request: Request, low: int = 1) -> int:
-    return _seconds(request, "window", "3600", low, MAX_WINDOW_S)
+def window_param(request: Request, low: int = 1, retained_s: int = MAX_WINDOW_S) -> int:
+    """`?window=` in seconds (a 400 outside `low..MAX_WINDOW_S`), clamped to `retained_s`: a
+    window past what the store keeps would read only empty buckets."""
+    return min(_seconds(request, "window", "3600", low, MAX_WINDOW_S), max(low, retained_s))
 
 
 def asked_tenant(request: Request) -> str | None:
@@ -83,8 +127,8 @@ def _route(request: Request) -> str | None:
     return asked
 
 
-def _series_window(request: Request) -> tuple[int, int]:
-    window = window_param(request, low=MIN_WINDOW_S)
+def _series_window(request: Request, retained_s: int) -> tuple[int, int]:
+    window = window_param(request, low=MIN_WINDOW_S, retained_s=retained_s)
     step = _seconds(request, "step", "60", MIN_STEP_S, MAX_STEP_S)
     problem = series_problem(window, step)
     if problem is not None:
@@ -117,18 +161,24 @@ async def json_answer(
 
 
 def metrics_endpoints(
-    admission: Admission, telemetry: Telemetry, fleets: Callable[[], dict[str, dict]]
+    admission: Admission,
+    telemetry: Telemetry,
+    fleets: Callable[[], dict[str, dict]],
+    budget: ReadBudget | None = None,
 ) -> list[Route]:
     """TTFT figures (JSON, series) for tenants and admins, Prometheus for admins; `fleets`:
-    each replicated or pd route's fleet figures, for operators."""
+    each replicated or pd route's fleet figures, for operators; `budget`: the reads' share."""
+    reads = budget or ReadBudget()
+    retained = admission.settings.metrics_retention
 
     async def ttft(request: Request) -> Response:
         async def read() -> dict:
-            window = window_param(request)
+            window = window_param(request, retained_s=retained)
             asked = asked_tenant(request)
             api = _api(request)
             tenant, admin = admission.reader(request, asked)
-            report = await telemetry.report(tenant, window, api)
+            async with reads.hold(tenant):
+                report = await telemetry.report(tenant, window, api)
             states = fleets()
             if states and (admin or admission.open):
                 # Fleet-wide (every tenant's requests): for operators only.
@@ -139,12 +189,13 @@ def metrics_endpoints(
 
     async def ttft_series(request: Request) -> Response:
         async def read() -> dict:
-            window, step = _series_window(request)
+            window, step = _series_window(request, retained)
             asked = asked_tenant(request)
             api = _api(request)
             route = _route(request)
             tenant, _ = admission.reader(request, asked)
-            return await telemetry.series(tenant, window, step, route, api)
+            async with reads.hold(tenant):
+                return await telemetry.series(tenant, window, step, route, api)
 
         return await json_answer(read)
 

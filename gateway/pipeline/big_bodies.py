@@ -7,18 +7,25 @@ to a small process pool that does what the loop would have done: parse within th
 validate, find object references, run the policy chain for each route of the model's chain and
 encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
 
-Only chains of `openai` and `azure` routes take this path: their upstream body is the encoded
-JSON as it is. Anthropic and local routes need the parsed body in this process; theirs stay on
-the thread path (`gateway.boundary.offload`). Worker functions take and return only plain data,
-so nothing of the gateway's state crosses the process boundary besides what `worker_init`
-receives.
+Chat bodies take this path on chains of `openai` and `azure` routes: their upstream body is the
+encoded JSON as it is; so does a Messages body for an `anthropic` route and a Responses body for an
+`openai` one (their native APIs, `NATIVE_KIND`), with the same per-tenant queue and so the same
+memory bound. A body that must be translated (chat to an Anthropic or local route, Messages to
+an OpenAI one, Responses to an Anthropic one) needs the parsed body in this process; it stays
+on the thread path (`gateway.boundary.offload`). Worker functions take and return only plain
+data, so nothing of the gateway's state crosses the process boundary besides what
+`worker_init` receives.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,9 +88,10 @@ class NotHere:
     reason: str = field(default="route kind")
 
 
-def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
+def worker_init(settings_data: dict, routes_data: list[dict], gateway_pid: int = 0) -> None:
     """Build, once per worker, the settings, route table and policy chains it needs, from
-    `dumps_settings` (the policy options included) and the gateway's routes."""
+    `dumps_settings` (the policy options included) and the gateway's routes; `gateway_pid`:
+    the process it must not outlive (its parent when it was started)."""
     from gateway.config.routes import Route, RouteTable
     from gateway.pipeline.policies import PolicyRunner
 
@@ -91,7 +99,7 @@ def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
-    _exit_with_parent()
+    _exit_with_parent(gateway_pid or os.getppid())
     settings = Settings.model_validate(settings_data)
     routes = [Route.model_validate(data) for data in routes_data]
     _WORKER.update(
@@ -101,10 +109,23 @@ def worker_init(settings_data: dict, routes_data: list[dict]) -> None:
     )
 
 
-def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers; each watches for its
-    parent to go and exits, instead of holding its memory forever."""
-    parent = os.getppid()
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """A gateway killed outright (SIGKILL, OOM) cannot stop its workers. On Linux the kernel
+    kills each the moment its parent goes (PR_SET_PDEATHSIG); everywhere, and should that
+    parent be a thread that ended, each also watches for its parent to go and exits, instead of
+    holding its memory forever. `parent` is the gateway's pid as it passed it: a gateway killed
+    while this worker was still starting is no longer the parent when this runs."""
+    if sys.platform == "linux":
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # it went before the prctl (or the watch) took effect
+        os._exit(0)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -114,6 +135,12 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+# The client APIs whose big bodies go to a worker when their route speaks that API natively
+# (the body goes upstream as the client's own JSON): Messages to an `anthropic` route,
+# Responses to an `openai` one.
+NATIVE_KIND = {"messages": "anthropic", "responses": "openai"}
+
+
 def prepare(
     raw: bytes,
     endpoint: str,
@@ -121,12 +148,77 @@ def prepare(
     policy_header: str | None,
     find_refs: bool,
     fingerprints: bool,
+    parser: Callable[[bytes, Settings], Any] | None = None,
 ) -> Prepared | Refused | NotHere:
-    """In a worker: everything the loop would do with `raw` before the upstream call."""
+    """In a worker: everything the loop would do with `raw` before the upstream call. A native
+    API's body is parsed with its door's own `parser` (a module-level function: it pickles)."""
     try:
+        if endpoint in NATIVE_KIND:
+            assert parser is not None
+            return _prepare_native(raw, endpoint, tenant, policy_header, find_refs, parser)
         return _prepare(raw, endpoint, tenant, policy_header, find_refs, fingerprints)
     except GatewayError as exc:
         return Refused(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+def _prepare_native(
+    raw: bytes,
+    endpoint: str,
+    tenant: str,
+    policy_header: str | None,
+    find_refs: bool,
+    parser: Callable[[bytes, Settings], Any],
+) -> Prepared | NotHere:
+    """A Messages body for an `anthropic` route or a Responses body for an `openai` one:
+    parsed, checked, its policies run and encoded here; a body whose route would translate it
+    is parsed on the loop instead."""
+    import orjson
+
+    from gateway.boundary.body import strip_reserved
+    from gateway.boundary.ownership import find_references, might_reference
+    from gateway.pipeline.prepare import prepare_body
+
+    settings, table, policies = _WORKER["settings"], _WORKER["table"], _WORKER["policies"]
+    parsed = parser(raw, settings)
+    body, model, stream = parsed.body, parsed.model, parsed.stream
+    stripped = strip_reserved(body)
+    route = table.match(model)
+    if route is None:
+        return NotHere("no route")
+    if route.kind != NATIVE_KIND[endpoint]:
+        return NotHere()
+    names = policies.names_for(route, policy_header)
+    out = prepare_body(
+        policies, names, body, route, api=endpoint, tenant=tenant, model=model, stream=stream
+    )
+    result = out.result
+    if result is None and not stripped and route.upstream_model(model) == model:
+        encoded = raw
+    else:
+        try:
+            encoded = orjson.dumps(out.body)
+        except orjson.JSONEncodeError as exc:
+            raise GatewayError(
+                400, f"The request body cannot be encoded as JSON ({exc})."
+            ) from None
+    tokens_saved = blob = None
+    if result is not None:
+        try:
+            result.measure(fingerprints=False)
+            tokens_saved = max(0, result.prompt_tokens_saved)
+        except Exception:  # noqa: BLE001  # the report degrades, never the request
+            tokens_saved = None
+    return Prepared(
+        model=model,
+        stream=stream,
+        client_wants_usage=False,
+        references=find_references(body) if find_refs and might_reference(raw) else [],
+        bodies={route.name: RouteBody(encoded, out.body["model"])},
+        applied=list(result.applied) if result is not None else None,
+        tokens_saved=tokens_saved,
+        cache_key=result.cache_key if result is not None else None,
+        fingerprints=blob,
+    )
 
 
 def _prepare(
@@ -202,9 +294,11 @@ class BigBodyWorkers:
         self.fingerprints = fingerprints
 
     def takes(self, api: str, size: int) -> bool:
-        return api in ("chat", "completions") and self.offload.is_big(size)
+        return api in ("chat", "completions", *NATIVE_KIND) and self.offload.is_big(size)
 
-    async def parse(self, admitted: AdmittedRequest) -> Prepared | None:
+    async def parse(
+        self, admitted: AdmittedRequest, parser: Callable[[bytes, Settings], Any] | None = None
+    ) -> Prepared | None:
         outcome = await self.offload.run_in_process(
             admitted.tenant,
             prepare,
@@ -214,6 +308,7 @@ class BigBodyWorkers:
             admitted.headers.get(POLICY_HEADER),
             self.find_references,
             self.fingerprints,
+            parser if admitted.api in NATIVE_KIND else None,
         )
         if isinstance(outcome, Refused):
             raise outcome.error()

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import time
+import traceback
 from collections.abc import Sequence
 
 from gateway.advisor import bucket_of, observe_cache_advice
@@ -20,6 +21,7 @@ from policies import (
     PolicyConfigError,
     PolicyContext,
     PolicyResult,
+    PolicyShapeError,
     build_chain,
     parse_policy_list,
 )
@@ -30,6 +32,52 @@ from policies.prefix_breaks import FamilyBreak, decode_history, encode_history, 
 log = logging.getLogger("firsttoken.policies")
 
 POLICY_HEADER = "x-firsttoken-policies"
+LOG_INTERVAL_S = 60.0
+
+
+class LimitedLog:
+    """A failure any tenant can cause on every request is logged as one short line per kind per
+    `interval_s`, never a traceback per request: the line names the kind, where it happened
+    (the innermost frame, never the body's text) and how many were held back since the last."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = LOG_INTERVAL_S) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warning(self, kind: str, message: str) -> bool:
+        """Log `message` unless a line of `kind` went out within the interval; whether it did.
+        `kind` comes from a fixed set (the callers'), so the table stays small."""
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return False
+        held = self._held.pop(kind, 0)
+        self._last[kind] = now
+        more = f" ({held} more since the last such line)" if held else ""
+        self.logger.warning("%s%s", message, more)
+        return True
+
+    def forget(self) -> None:
+        """Start over (tests): the next line of every kind goes out."""
+        self._last.clear()
+        self._held.clear()
+
+    def failure(self, kind: str, what: str, exc: BaseException) -> bool:
+        return self.warning(kind, f"{what}: {type(exc).__name__} at {_where(exc)}")
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+
+
+limited = LimitedLog(log)
 
 
 def is_extension_panic(exc: BaseException) -> bool:
@@ -89,13 +137,18 @@ class PolicyRunner:
             return self._chain(names).transform(body, ctx)
         except PolicyConfigError:
             raise
-        except Exception:
-            log.exception("policy chain %s failed; forwarding the request unchanged", names)
+        except PolicyShapeError as exc:  # the upstream judges the body, as without us
+            limited.warning(
+                "shape", f"policies skipped on a {ctx.endpoint} body: {exc}; forwarded unchanged"
+            )
+            return None
+        except Exception as exc:  # noqa: BLE001  # logged, limited: the request goes on
+            limited.failure("chain", f"policy chain {names} failed; forwarded unchanged", exc)
             return None
         except BaseException as exc:
             if not is_extension_panic(exc):
                 raise
-            log.error("policy chain %s panicked; forwarding the request unchanged", names)
+            limited.failure("chain", f"policy chain {names} panicked; forwarded unchanged", exc)
             return None
 
 
@@ -116,13 +169,13 @@ async def report_headers(
             await offload.run(tenant, measure)
         else:
             measure()
-    except Exception:
-        log.exception("measuring the policy result failed")
+    except Exception as exc:  # noqa: BLE001  # logged, limited: the request goes on
+        limited.failure("measure", "measuring the policy result failed", exc)
         return {}
     except BaseException as exc:
         if not is_extension_panic(exc):
             raise
-        log.error("measuring the policy result panicked")
+        limited.failure("measure", "measuring the policy result panicked", exc)
         return {}
     headers = {"x-firsttoken-prompt-tokens-saved": str(max(0, result.prompt_tokens_saved))}
     if result.fingerprints is not None and result.cache_key:
@@ -152,8 +205,8 @@ async def _prefix_break(
             count_breaks(telemetry, tenant, found)
             return {"x-firsttoken-prefix-break": found.header}
         return {"x-firsttoken-prefix-stable-tokens": str(found.stable_tokens)}
-    except Exception:
-        log.exception("prefix-break diagnostics failed")
+    except Exception as exc:  # noqa: BLE001  # logged, limited: the request goes on
+        limited.failure("diagnostics", "prefix-break diagnostics failed", exc)
         return {}
 
 
@@ -185,8 +238,8 @@ async def prepared_report_headers(
     if blob is not None and cache_key:
         try:
             fingerprints = await offload.run(tenant, PrefixFingerprints.from_bytes, blob)
-        except Exception:
-            log.exception("reading a worker's prefix fingerprints failed")
+        except Exception as exc:  # noqa: BLE001  # logged, limited: the request goes on
+            limited.failure("fingerprints", "reading a worker's prefix fingerprints failed", exc)
             return headers
         headers.update(await _prefix_break(telemetry, tenant, cache_key, fingerprints, offload))
     return headers

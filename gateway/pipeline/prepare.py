@@ -24,7 +24,12 @@ from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.offload import HeavyWork
 from gateway.config.routes import Route
 from gateway.errors import GatewayError
-from gateway.pipeline.policies import POLICY_HEADER, PolicyRunner, report_headers
+from gateway.pipeline.policies import (
+    POLICY_HEADER,
+    PolicyRunner,
+    prepared_report_headers,
+    report_headers,
+)
 from gateway.telemetry.record import RequestRecord
 from gateway.upstreams.base import EncodedBody, UpstreamBody
 from policies import PolicyContext
@@ -213,6 +218,25 @@ class Preparation:
         if result is None:
             return NativeBody(data)
         return NativeBody(data, ",".join(result.applied), self.report(admitted, result, record))
+
+    def native_offloaded(self, admitted: AdmittedRequest, record: RequestRecord) -> NativeBody:
+        """The first route's body that a big-body worker built in the client's own API."""
+        big = admitted.offloaded
+        data = big.bodies[admitted.route.name].encoded
+        if big.applied is None:
+            return NativeBody(data)
+        record.prompt_tokens_saved = big.tokens_saved or 0
+        report = asyncio.ensure_future(
+            prepared_report_headers(
+                self.telemetry,
+                admitted.tenant,
+                big.tokens_saved,
+                big.cache_key,
+                big.fingerprints,
+                self.offload,
+            )
+        )
+        return NativeBody(data, ",".join(big.applied), report)
 
     def report(
         self, admitted: AdmittedRequest, result: PolicyResult, record: RequestRecord

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope
 from gateway.boundary.client_watch import disconnect_waiter
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, openai_error_from_upstream
 from gateway.pipeline.answer import CHAT, AnswerFormat
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.telemetry.record import RequestRecord, status_class
@@ -212,15 +212,17 @@ def error_type(exc: UpstreamError) -> str:
 def upstream_error_response(
     exc: UpstreamError, plan: PreparedRequest, answer: AnswerFormat = CHAT
 ) -> Response:
-    """An upstream's own 4xx passes through with its body; everything else becomes 502/503/504.
-    The body is in the client's API (`answer`)."""
+    """An upstream's own 4xx passes through with its message, in OpenAI's error shape (its
+    body was read only up to ERROR_BODY_BYTES); everything else becomes 502/503/504. The body
+    is in the client's API (`answer`)."""
     headers = plan.response_headers
     status = client_status(exc)
     if 400 <= exc.status < 500 and exc.body is not None:
+        body = openai_error_from_upstream(exc.status, exc.body)
         response = Response(
-            answer.whole(status, exc.body),
+            answer.whole(status, body),
             status_code=status,
-            headers={"content-type": exc.content_type or "application/json", **headers},
+            headers={"content-type": "application/json", **headers},
         )
     else:
         error = GatewayError(status, exc.message, code="upstream_" + str(exc.status))

@@ -24,7 +24,11 @@ crash loop is a bug or a broken host, not something to hide). A worker that refu
 configuration (exit 2) stops it at once. SIGTERM or SIGINT to the supervisor
 sends SIGTERM to each worker by pid, waits up to `GRACE_S` for open streams to finish, kills what
 is left, and exits 0; a second signal kills at once. Each worker watches the supervisor and
-shuts down if it disappears (even killed outright), so no worker is left holding the port.
+shuts down if it disappears (even killed outright), so no worker is left holding the port; a
+worker's big-body processes die with it the same way (`gateway.pipeline.big_bodies`). A worker
+that stops answering without dying (SIGSTOP, a hung loop) is found by its health probe, a
+heartbeat on a private pipe (`gateway.run.health`), killed after `HANG_S` of silence and started
+again like one that died.
 
 Every worker gets the same environment (inherited) and the same `--config` content: the
 supervisor copies the file once, at start, into a private temporary folder, so a worker
@@ -50,6 +54,7 @@ from typing import Any
 
 from gateway.config.settings import Settings, SettingsError
 from gateway.run import supervision
+from gateway.run.health import HANG_S, Pulse
 from gateway.run.supervision import Child, Restarts, StopSignals, stop_children
 
 log = logging.getLogger("firsttoken.workers")
@@ -213,6 +218,7 @@ def quiet_warnings(logger: logging.Logger) -> Iterator[None]:
 @dataclass(kw_only=True)
 class _Slot(Child):
     index: int
+    pulse: Pulse | None = None  # its health probe, when the supervisor watches for hangs
 
 
 class Supervisor:
@@ -229,12 +235,14 @@ class Supervisor:
         restart_window_s: float = supervision.RESTART_WINDOW_S,
         backoff_s: float = supervision.BACKOFF_S,
         grace_s: float = GRACE_S,
+        hang_s: float | None = HANG_S,
     ) -> None:
         self.command = command
         self.slots = [_Slot(index=i, label=f"worker {i}") for i in range(1, count + 1)]
         self.pass_fds = tuple(pass_fds)
         self.restarts = Restarts(restart_limit, restart_window_s, backoff_s)
         self.grace_s = grace_s
+        self.hang_s = hang_s  # None: no health probe (the worker's argv gets no pipe)
         self.signals = StopSignals()
 
     def run(self) -> int:
@@ -246,18 +254,53 @@ class Supervisor:
                 return self._supervise()
             finally:
                 stop_children(self.slots, self.grace_s, log, forced=lambda: self.signals.force)
+                for slot in self.slots:
+                    if slot.pulse is not None:
+                        slot.pulse.close()
 
     def pids(self) -> list[int]:
         return [s.proc.pid for s in self.slots if s.proc is not None and s.alive()]
 
     def _start(self, slot: _Slot) -> None:
-        slot.proc = subprocess.Popen(
-            self.command(slot.index), stdin=subprocess.DEVNULL, pass_fds=self.pass_fds
-        )
+        argv, pass_fds = self.command(slot.index), self.pass_fds
+        if slot.pulse is not None:
+            slot.pulse.close()
+            slot.pulse = None
+        beat_w = None
+        if self.hang_s is not None:
+            beat_r, beat_w = os.pipe()
+            slot.pulse = Pulse(beat_r)
+            argv, pass_fds = [*argv, "--worker-heartbeat-fd", str(beat_w)], (*pass_fds, beat_w)
+        try:
+            slot.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=pass_fds)
+        finally:
+            if beat_w is not None:
+                os.close(beat_w)  # the worker holds the only write end
         log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
+
+    def _replace_hung(self, now: float) -> None:
+        """Kill each worker silent on its health probe for `hang_s` (SIGKILL: a stopped
+        process takes no other signal); the restart rules then start it again."""
+        assert self.hang_s is not None
+        for slot in self.slots:
+            if slot.pulse is None or slot.proc is None or not slot.alive():
+                continue
+            silent = slot.pulse.silent_for(now)
+            if silent > self.hang_s:
+                log.warning(
+                    "worker %d (pid %d) has not answered its health probe for %.1f s "
+                    "(stopped or hung); replacing it",
+                    slot.index,
+                    slot.proc.pid,
+                    silent,
+                )
+                slot.proc.kill()
+                slot.pulse.last = None
 
     def _supervise(self) -> int:
         while self.signals.signum is None:
+            if self.hang_s is not None:
+                self._replace_hung(time.monotonic())
             status = self.restarts.tend(self.slots, self._start, time.monotonic(), log)
             if status is not None:
                 return status

@@ -55,7 +55,7 @@ from .store import (
 
 log = logging.getLogger("firsttoken.telemetry")
 
-_READ_CHUNK = 2000  # commands per read pipeline
+_READ_CHUNK = 240  # commands per read pipeline: the loop serves others between them
 MARKER_TTL_S = 86400  # how long a writer's "batch n applied" marker outlives its last write
 PROBLEM_LOG_EVERY_S = 300.0  # one log line per bad key and this period
 _PROBLEM_KEYS_MAX = 1024  # keys remembered for that; the memory is cleared when full
@@ -378,8 +378,9 @@ class RedisStore:
         self, tenant: str, first_minute: int, last_minute: int
     ) -> AsyncIterator[tuple[str, str, int, Fields]]:
         """Every readable bucket of a tenant in `[first, last]`: one round trip for its route and
-        API names, then pipelined HGETALLs, `_READ_CHUNK` per round trip (one for an hour of up
-        to 33 route and API pairs), so neither side holds an unbounded pipeline."""
+        API names, then pipelined HGETALLs, `_READ_CHUNK` per round trip, so neither side holds
+        an unbounded pipeline and the loop serves other requests between round trips (a long
+        window's replies, parsed in one go, would hold it for tens of milliseconds)."""
         routes_key, apis_key = self.keys.routes(tenant), self.keys.apis(tenant)
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(routes_key)

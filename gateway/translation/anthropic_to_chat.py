@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import error_body
+from gateway.errors import error_body, upstream_error_parts
 from gateway.telemetry.usage import from_anthropic
 
 FINISH_REASONS = {
@@ -297,21 +297,10 @@ class AnthropicStreamTranslator:
 def error_to_openai(status: int, body: bytes) -> dict:
     """An Anthropic error response body -> OpenAI `{"error": {...}}`, keeping message and type.
 
-    Non-JSON bodies (a proxy's HTML page, say) keep a short excerpt as the message.
-    """
-    fallback_type = _ERROR_TYPE_BY_STATUS.get(status, "api_error")
-    try:
-        parsed = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict):
-        message = error.get("message") or f"upstream returned HTTP {status}"
-        return error_body(str(message), str(error.get("type") or fallback_type))
-    if isinstance(error, str):
-        return error_body(error, fallback_type)
-    excerpt = body[:500].decode("utf-8", "replace").strip()
-    return error_body(excerpt or f"upstream returned HTTP {status}", fallback_type)
+    Other bodies (a proxy's text or HTML page, FastAPI's `detail`) keep their message, bounded
+    (`gateway.errors.upstream_error_parts`)."""
+    parts = upstream_error_parts(status, body, _ERROR_TYPE_BY_STATUS.get(status, "api_error"))
+    return error_body(parts["message"], parts["type"])
 
 
 def _obj(value: Any) -> dict:

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from gateway.config.routes import Route
+from gateway.errors import ERROR_BODY_BYTES
 from gateway.paths import PassPath, upstream_url
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES
 from gateway.upstreams.base import UpstreamError, relayed_headers, retry_after_seconds
@@ -230,11 +231,9 @@ class UpstreamHttp:
         retry_after = retry_after_seconds(resp.headers.get("retry-after"))
         content_type = resp.headers.get("content-type", "application/json")
         try:
-            body: bytes | None = await read_limited(resp, self.max_response_bytes)
-        except ResponseTooLarge:
-            body = None  # not relayed: the client gets a 502 of ours instead
-        finally:
-            resp.release()
+            body: bytes | None = await read_prefix(resp, ERROR_BODY_BYTES)
+        except (aiohttp.ClientError, OSError):
+            body = None  # the client gets a 502 of ours instead
         return UpstreamError(
             f"upstream {name!r} answered {status}",
             status=status,
@@ -344,4 +343,26 @@ async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-__all__ = ["ResponseTooLarge", "UpstreamHttp", "json_object_body", "read_limited"]
+async def read_prefix(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most the first `limit` bytes of the body (an error's: its message is at the start);
+    the rest is never read, the connection is closed instead."""
+    chunks, size = [], 0
+    try:
+        async for chunk in resp.content.iter_any():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                resp.close()
+                break
+    finally:
+        resp.release()
+    return b"".join(chunks)[:limit]
+
+
+__all__ = [
+    "ResponseTooLarge",
+    "UpstreamHttp",
+    "json_object_body",
+    "read_limited",
+    "read_prefix",
+]
