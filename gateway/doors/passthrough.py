@@ -12,6 +12,9 @@ the chat path:
   streamed to the upstream, not buffered, within FIRSTTOKEN_MAX_UPLOAD_BYTES;
 - the answer is relayed within limits (`passthrough_relay`);
 - in tenant mode, objects belong to the tenant that created them (`ownership`);
+- Anthropic's Files API (`/v1/files...` sent with an `anthropic-version` header, which the
+  Anthropic SDK always sends and the OpenAI SDK never does) goes to an `anthropic` route: the
+  one the file was created through, else the first configured; same rules otherwise;
 - every request is counted with its latency per path family (Prometheus).
 """
 
@@ -48,6 +51,9 @@ log = logging.getLogger("firsttoken.passthrough")
 METHODS = frozenset({"GET", "POST", "DELETE"})
 # Client headers that change what the upstream does; nothing else is forwarded.
 FORWARD_HEADERS = ("accept", "openai-beta", "idempotency-key")
+ANTHROPIC_FORWARD_HEADERS = ("accept", "anthropic-version", "anthropic-beta")
+# Families an Anthropic client reaches through this door (Anthropic's Files API).
+ANTHROPIC_FAMILIES = frozenset({"files"})
 # Bodies streamed to the upstream as they arrive; every other body is JSON.
 UPLOAD_TYPES = ("multipart/form-data", "application/octet-stream")
 
@@ -56,13 +62,31 @@ class _ClientGone(Exception):
     """The client disconnected; nobody is left to answer."""
 
 
-def forward_headers(request: Request) -> dict[str, str]:
+def forward_headers(request: Request, allowed: tuple[str, ...] = FORWARD_HEADERS) -> dict[str, str]:
     """The allow-listed client headers, minus any the client's `Connection` header names."""
     headers = request.headers
     named = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    return {
-        name: headers[name] for name in FORWARD_HEADERS if name in headers and name not in named
-    }
+    return {name: headers[name] for name in allowed if name in headers and name not in named}
+
+
+def from_anthropic_client(request: Request, path: PassPath) -> bool:
+    """An Anthropic SDK request for a family both providers name alike (`/v1/files`): told
+    apart by `anthropic-version`, which that SDK sends on every request and OpenAI's never."""
+    return path.family in ANTHROPIC_FAMILIES and "anthropic-version" in request.headers
+
+
+def choose_anthropic_route(table: RouteTable, owner_route: str | None) -> Route:
+    """The `anthropic` route the object was created through, else the first one configured."""
+    if owner_route is not None:
+        route = table.by_name.get(owner_route)
+        if route is not None and route.kind == "anthropic":
+            return route
+    for route in table.routes:
+        if route.kind == "anthropic":
+            return route
+    raise GatewayError(
+        404, "No anthropic route serves Anthropic's Files API.", code="no_passthrough_route"
+    )
 
 
 def choose_route(
@@ -264,7 +288,10 @@ class Exchange:
             data, body, content_type = await self._read_request(path, receive)
         objects, upstreams = self.parts.objects, self.parts.upstreams
         owner_route = await objects.check_request(tenant, path, method, body)
-        if self.ready is not None:  # admitted and routed by its door
+        anthropic = self.ready is None and from_anthropic_client(self.request, path)
+        if anthropic:
+            route = choose_anthropic_route(upstreams.table, owner_route)
+        elif self.ready is not None:  # admitted and routed by its door
             route = self.admitted.route
             if not route.allows_passthrough(path.family):
                 raise _family_off(path.family)
@@ -275,7 +302,9 @@ class Exchange:
             route = choose_route(upstreams.table, path.family, model, owner_route)
         await upstreams.ready(route.name)
         upstream = upstreams[route.name]
-        headers = forward_headers(self.request)
+        headers = forward_headers(
+            self.request, ANTHROPIC_FORWARD_HEADERS if anthropic else FORWARD_HEADERS
+        )
         if content_type is not None:
             headers["content-type"] = content_type
             declared = self.request.headers.get("content-length")
