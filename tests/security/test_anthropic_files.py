@@ -129,3 +129,33 @@ def test_a_gateway_without_an_anthropic_route_answers_404(make_gateway, mock_ups
     )
     assert r.status_code == 404 and r.json()["error"]["code"] == "no_passthrough_route"
     assert all(req["path"] != "/v1/files" for req in mock_upstream.mock.requests)
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "served"),
+    [
+        ("POST", "/v1/messages", True),
+        ("POST", "/v1/messages/count_tokens", True),
+        ("POST", "/v1/messages?beta=true", False),
+        ("POST", "/v1/files", True),
+        ("GET", "/v1/files?limit=5&after_id=file_1", True),
+        ("GET", "/v1/files/file_1", True),
+        ("GET", "/v1/files/file_1/content", True),
+        ("DELETE", "/v1/files/file_1", True),
+        ("POST", "/v1/files/file_1", False),
+        ("DELETE", "/v1/files", False),
+        ("POST", "/v1/files/file_1/content", False),
+        ("GET", "/v1/batches", False),
+        ("GET", "/v1/messages", False),
+    ],
+)
+def test_the_anthropic_kind_forwards_only_its_allow_listed_paths(method, target, served):
+    from gateway.paths import PassPath, parse_query, parse_target
+    from gateway.upstreams.anthropic import forwarded
+
+    raw, _, query = target.partition("?")
+    if raw.startswith("/v1/messages"):  # not an OpenAI family: the Messages door names it
+        path = PassPath(tuple(raw[4:].split("/")), parse_query(query.encode()))
+    else:
+        path = parse_target(raw.encode(), query.encode())
+    assert forwarded(method, path) is served
