@@ -29,15 +29,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body, strip_reserved
 from gateway.boundary.client_watch import ClientWatch
 from gateway.config.routes import Route, RouteTable
+from gateway.doors.messages_relay import anthropic_error_from_upstream, error_body
 from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
 from gateway.errors import GatewayError
 from gateway.paths import PassPath, parse_target
+from gateway.translation.messages_chat import anthropic_error_type
 from gateway.upstreams.base import Upstream, UpstreamError
 from gateway.upstreams.registry import Upstreams
 
@@ -73,6 +76,11 @@ def from_anthropic_client(request: Request, path: PassPath) -> bool:
     """An Anthropic SDK request for a family both providers name alike (`/v1/files`): told
     apart by `anthropic-version`, which that SDK sends on every request and OpenAI's never."""
     return path.family in ANTHROPIC_FAMILIES and "anthropic-version" in request.headers
+
+
+def anthropic_error(exc: GatewayError) -> bytes:
+    """A gateway error in Anthropic's shape, for an Anthropic client."""
+    return error_body(exc.message, anthropic_error_type(exc.status))
 
 
 def choose_anthropic_route(table: RouteTable, owner_route: str | None) -> Route:
@@ -174,6 +182,7 @@ class Exchange:
         self.relay: Relay | None = None
         self.upload_error: BaseException | None = None
         self.watch: ClientWatch | None = None
+        self.anthropic = False  # an Anthropic client's request: answered in Anthropic's shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = self.admitted.arrival
@@ -184,6 +193,7 @@ class Exchange:
                 scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b"")
             )
             family = path.family
+            self.anthropic = self.ready is None and from_anthropic_client(self.request, path)
             status = await self._exchange(tenant, path, scope["method"], receive, send)
         except asyncio.CancelledError:
             if not watch.absorbed():
@@ -194,13 +204,18 @@ class Exchange:
         except GatewayError as exc:
             status = exc.status
             if self.relay is None or not self.relay.started:
-                await exc.to_response()(scope, receive, send)
+                await self._error_response(exc)(scope, receive, send)
         finally:
             watch.stop()
             if self.ready is not None:
                 self.ready.observer.finish(status)
             else:
                 self._observe(tenant, family, status, time.perf_counter() - arrival)
+
+    def _error_response(self, exc: GatewayError) -> Response:
+        if not self.anthropic:
+            return exc.to_response()
+        return Response(anthropic_error(exc), exc.status, media_type="application/json")
 
     def _observe(self, tenant: str, family: str, status: int, seconds: float) -> None:
         telemetry = self.parts.telemetry
@@ -288,7 +303,7 @@ class Exchange:
             data, body, content_type = await self._read_request(path, receive)
         objects, upstreams = self.parts.objects, self.parts.upstreams
         owner_route = await objects.check_request(tenant, path, method, body)
-        anthropic = self.ready is None and from_anthropic_client(self.request, path)
+        anthropic = self.anthropic
         if anthropic:
             route = choose_anthropic_route(upstreams.table, owner_route)
         elif self.ready is not None:  # admitted and routed by its door
@@ -314,6 +329,8 @@ class Exchange:
         self.relay = relay = Relay(
             send, self.settings, objects, tenant, path, method, route, observer
         )
+        if anthropic:
+            relay.own_error, relay.upstream_error = anthropic_error, anthropic_error_from_upstream
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):

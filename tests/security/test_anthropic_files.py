@@ -73,6 +73,12 @@ def test_anthropic_files_belong_to_the_tenant_that_uploaded_them(gateway, mock_u
     with pytest.raises(anthropic.NotFoundError):
         other.beta.files.delete(mine)
     assert len(reached(mock_upstream, mine)) == before  # none reached the upstream
+    r = httpx.get(
+        f"{gateway.url}/v1/files/{mine}",
+        headers={"x-api-key": TENANT_B_KEY, "anthropic-version": "2023-06-01"},
+        timeout=20,
+    )
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"  # its shape
 
     assert owner.beta.files.delete(mine).id == mine
     with pytest.raises(anthropic.NotFoundError):  # forgotten with the object
@@ -120,6 +126,16 @@ def test_openai_files_still_go_to_the_openai_route(gateway, mock_upstream):
     assert sent["authorization"] == f"Bearer {UPSTREAM_KEY}" and "x-api-key" not in sent
 
 
+def test_upstream_errors_keep_anthropics_shape(make_gateway, mock_upstream):
+    gateway = make_gateway([anthropic_route(mock_upstream)])  # open mode: no ownership check
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        claude(gateway, "client-key").beta.files.retrieve_metadata("file_011CNhaUnknown")
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "File not found."},
+    }
+
+
 def test_a_gateway_without_an_anthropic_route_answers_404(make_gateway, mock_upstream):
     gateway = make_gateway([openai_route(mock_upstream)])
     r = httpx.get(
@@ -127,7 +143,11 @@ def test_a_gateway_without_an_anthropic_route_answers_404(make_gateway, mock_ups
         headers={"x-api-key": "client-key", "anthropic-version": "2023-06-01"},
         timeout=20,
     )
-    assert r.status_code == 404 and r.json()["error"]["code"] == "no_passthrough_route"
+    assert r.status_code == 404, r.text
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": r.json()["error"]["message"]},
+    }
     assert all(req["path"] != "/v1/files" for req in mock_upstream.mock.requests)
 
 
