@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import FAMILIES
 
+# What an `anthropic` route's `passthrough` may name: Anthropic's Files API.
+ANTHROPIC_FAMILIES = frozenset({"files"})
+
 RouteKind = Literal["openai", "anthropic", "local"]
 MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_BYTES = 256 * 1024  # model names are client input: bound the cache by bytes too
@@ -66,7 +69,7 @@ class Route(BaseModel):
     model_map: dict[str, str] = Field(default_factory=dict)
     policies: tuple[str, ...] | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    # openai only: the /v1 path families forwarded (None: all of FAMILIES, []: none)
+    # the /v1 path families forwarded (None: all of FAMILIES, []: none); anthropic: files only
     passthrough: tuple[str, ...] | None = None
     # local engine only
     model_path: str | None = None
@@ -104,8 +107,14 @@ class Route(BaseModel):
         if isinstance(self.hedge_after_ms, float | int) and self.hedge_after_ms <= 0:
             raise ValueError(f"route {self.name!r}: hedge_after_ms must be > 0 or 'p95'")
         if self.passthrough:
-            if self.kind != "openai":
-                raise ValueError(f"route {self.name!r}: passthrough applies to openai routes only")
+            if self.kind == "anthropic" and set(self.passthrough) - ANTHROPIC_FAMILIES:
+                raise ValueError(
+                    f"route {self.name!r}: an anthropic route passes through files only"
+                )
+            if self.kind not in ("openai", "anthropic"):
+                raise ValueError(
+                    f"route {self.name!r}: passthrough applies to openai and anthropic routes only"
+                )
             unknown = sorted(set(self.passthrough) - FAMILIES)
             if unknown:
                 raise ValueError(
@@ -156,6 +165,13 @@ class Route(BaseModel):
         found = {self.api_key_env} if self.api_key_env else set()
         servers = [*self.replicas, *(self.pd.prefill + self.pd.decode if self.pd else ())]
         return found | {r.api_key_env for r in servers if r.api_key_env}
+
+    def serves_anthropic_files(self) -> bool:
+        """Whether this route serves Anthropic's Files API (`anthropic` routes, unless their
+        `passthrough` leaves `files` out)."""
+        return self.kind == "anthropic" and (
+            self.passthrough is None or "files" in self.passthrough
+        )
 
     def allows_passthrough(self, family: str) -> bool:
         """Whether this route forwards `/v1/<family>/...` (only `openai` routes forward any)."""

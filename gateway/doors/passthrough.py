@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body, strip_reserved
 from gateway.boundary.client_watch import ClientWatch
-from gateway.config.routes import Route, RouteTable
+from gateway.config.routes import ANTHROPIC_FAMILIES, Route, RouteTable
 from gateway.doors.messages_relay import anthropic_error_from_upstream, error_body
 from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
 from gateway.errors import GatewayError
@@ -55,8 +55,6 @@ METHODS = frozenset({"GET", "POST", "DELETE"})
 # Client headers that change what the upstream does; nothing else is forwarded.
 FORWARD_HEADERS = ("accept", "openai-beta", "idempotency-key")
 ANTHROPIC_FORWARD_HEADERS = ("accept", "anthropic-version", "anthropic-beta")
-# Families an Anthropic client reaches through this door (Anthropic's Files API).
-ANTHROPIC_FAMILIES = frozenset({"files"})
 # Bodies streamed to the upstream as they arrive; every other body is JSON.
 UPLOAD_TYPES = ("multipart/form-data", "application/octet-stream")
 
@@ -84,13 +82,14 @@ def anthropic_error(exc: GatewayError) -> bytes:
 
 
 def choose_anthropic_route(table: RouteTable, owner_route: str | None) -> Route:
-    """The `anthropic` route the object was created through, else the first one configured."""
+    """The `anthropic` route the object was created through, else the first one configured
+    (either only where its `passthrough` allows `files`)."""
     if owner_route is not None:
         route = table.by_name.get(owner_route)
-        if route is not None and route.kind == "anthropic":
+        if route is not None and route.serves_anthropic_files():
             return route
     for route in table.routes:
-        if route.kind == "anthropic":
+        if route.serves_anthropic_files():
             return route
     raise GatewayError(
         404, "No anthropic route serves Anthropic's Files API.", code="no_passthrough_route"

@@ -179,3 +179,21 @@ def test_the_anthropic_kind_forwards_only_its_allow_listed_paths(method, target,
     else:
         path = parse_target(raw.encode(), query.encode())
     assert forwarded(method, path) is served
+
+
+def test_an_anthropic_route_can_turn_its_files_api_off(make_gateway, mock_upstream):
+    gateway = make_gateway([anthropic_route(mock_upstream, passthrough=[])])
+    with pytest.raises(anthropic.NotFoundError):
+        claude(gateway, "client-key").beta.files.list()
+    assert all(req["path"] != "/v1/files" for req in mock_upstream.mock.requests)
+
+
+def test_an_anthropic_route_passes_through_files_only():
+    from gateway.config.routes import Route
+
+    route = {"name": "c", "models": ["claude-*"], "kind": "anthropic"}
+    route["base_url"] = "https://api.anthropic.com/v1"
+    assert Route(**route, passthrough=["files"]).serves_anthropic_files()
+    assert not Route(**route, passthrough=[]).serves_anthropic_files()
+    with pytest.raises(ValueError, match="files only"):
+        Route(**route, passthrough=["batches"])
