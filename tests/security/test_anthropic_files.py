@@ -62,6 +62,7 @@ def test_anthropic_files_belong_to_the_tenant_that_uploaded_them(gateway, mock_u
     theirs = upload(other, b"%PDF-1.4 globex")
 
     assert owner.beta.files.retrieve_metadata(mine).id == mine
+    assert owner.beta.files.download(mine).read() == b"%PDF-1.4 acme"
     assert [f.id for f in owner.beta.files.list()] == [mine]
     assert [f.id for f in other.beta.files.list()] == [theirs]
 
