@@ -569,36 +569,65 @@ class MockObjects:
         upload = form.get("file")
         content = upload.file.read() if hasattr(upload, "file") else str(upload or "").encode()
         self.upstream.requests[-1]["body"] = content
-        file_id = self._new_id("file-")
-        self.files[file_id] = {
-            "id": file_id,
-            "object": "file",
-            "bytes": len(content),
-            "created_at": int(time.time()),
-            "filename": getattr(upload, "filename", "upload"),
-            "purpose": str(form.get("purpose", "")),
-            "status": "processed",
-        }
+        filename = getattr(upload, "filename", "upload")
+        if "anthropic-version" in request.headers:  # Anthropic's Files API
+            file_id = self._new_id("file_011CNha")
+            self.files[file_id] = {
+                "id": file_id,
+                "type": "file",
+                "filename": filename,
+                "mime_type": getattr(upload, "content_type", "application/octet-stream"),
+                "size_bytes": len(content),
+                "created_at": "2025-04-14T00:00:00Z",
+                "downloadable": False,
+            }
+        else:
+            file_id = self._new_id("file-")
+            self.files[file_id] = {
+                "id": file_id,
+                "object": "file",
+                "bytes": len(content),
+                "created_at": int(time.time()),
+                "filename": filename,
+                "purpose": str(form.get("purpose", "")),
+                "status": "processed",
+            }
         self.contents[file_id] = content
         return self._json(self.files[file_id])
 
     async def list_files(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
-        return await self._gate(request) or self._list(list(self.files.values()))
+        gated = await self._gate(request)
+        if gated is None and "anthropic-version" in request.headers:
+            items = [f for f in self.files.values() if f.get("type") == "file"]
+            first, last = (items[0]["id"], items[-1]["id"]) if items else (None, None)
+            return self._json(
+                {"data": items, "first_id": first, "last_id": last, "has_more": False}
+            )
+        return gated or self._list(list(self.files.values()))
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
         gated = await self._gate(request)
         found = self.files.get(request.match_info["id"])
-        return gated or (self._json(found) if found else self._missing("file"))
+        return gated or (self._json(found) if found else self._missing_for(request))
 
     async def delete_file(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
         file_id = request.match_info["id"]
         if self.files.pop(file_id, None) is None:
-            return self._missing("file")
+            return self._missing_for(request)
         self.contents.pop(file_id, None)
+        if "anthropic-version" in request.headers:
+            return self._json({"id": file_id, "type": "file_deleted"})
         return self._json({"id": file_id, "object": "file", "deleted": True})
+
+    def _missing_for(self, request: web.Request) -> web.Response:
+        """A missing file in the caller's provider's error shape."""
+        if "anthropic-version" not in request.headers:
+            return self._missing("file")
+        error = {"type": "not_found_error", "message": "File not found."}
+        return self._json({"type": "error", "error": error}, 404)
 
     async def file_content(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import AZURE_FAMILIES, FAMILIES, is_azure_api_version, is_azure_deployment
 
+# What an `anthropic` route's `passthrough` may name: Anthropic's Files API.
+ANTHROPIC_FAMILIES = frozenset({"files"})
+
 RouteKind = Literal["openai", "anthropic", "local", "azure", "gemini", "vertex", "bedrock"]
 # The kinds whose upstream takes OpenAI's request body as it is (a big body's worker process
 # may encode it), and whose origin serves OpenAI's other /v1 paths (files, embeddings, ...).
@@ -78,7 +81,8 @@ class Route(BaseModel):
     model_map: dict[str, str] = Field(default_factory=dict)
     policies: tuple[str, ...] | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    # openai and azure: the /v1 path families forwarded (None: all of FAMILIES, []: none)
+    # the /v1 path families forwarded (None: all of FAMILIES, []: none): openai and azure;
+    # anthropic: files only
     passthrough: tuple[str, ...] | None = None
     # azure only: Azure OpenAI's `api-version` (e.g. "2024-10-21"), or "v1" for /openai/v1/
     api_version: str | None = None
@@ -130,9 +134,14 @@ class Route(BaseModel):
         if isinstance(self.hedge_after_ms, float | int) and self.hedge_after_ms <= 0:
             raise ValueError(f"route {self.name!r}: hedge_after_ms must be > 0 or 'p95'")
         if self.passthrough:
-            if self.kind not in PASSTHROUGH_KINDS:
+            if self.kind == "anthropic" and set(self.passthrough) - ANTHROPIC_FAMILIES:
                 raise ValueError(
-                    f"route {self.name!r}: passthrough applies to openai and azure routes only"
+                    f"route {self.name!r}: an anthropic route passes through files only"
+                )
+            if self.kind not in PASSTHROUGH_KINDS and self.kind != "anthropic":
+                raise ValueError(
+                    f"route {self.name!r}: passthrough applies to openai, azure and anthropic "
+                    "routes only"
                 )
             unknown = sorted(set(self.passthrough) - FAMILIES)
             if unknown:
@@ -234,6 +243,13 @@ class Route(BaseModel):
     def credential_variables(self) -> set[str]:
         """Variables besides keys that this route's credentials come from, when set."""
         return {GOOGLE_CREDENTIALS_VARIABLE} if self.kind == "vertex" else set()
+
+    def serves_anthropic_files(self) -> bool:
+        """Whether this route serves Anthropic's Files API (`anthropic` routes, unless their
+        `passthrough` leaves `files` out)."""
+        return self.kind == "anthropic" and (
+            self.passthrough is None or "files" in self.passthrough
+        )
 
     def allows_passthrough(self, family: str) -> bool:
         """Whether this route forwards `/v1/<family>/...` (only `openai` routes, and `azure`

@@ -12,6 +12,9 @@ the chat path:
   streamed to the upstream, not buffered, within FIRSTTOKEN_MAX_UPLOAD_BYTES;
 - the answer is relayed within limits (`passthrough_relay`);
 - in tenant mode, objects belong to the tenant that created them (`ownership`);
+- Anthropic's Files API (`/v1/files...` sent with an `anthropic-version` header, which the
+  Anthropic SDK always sends and the OpenAI SDK never does) goes to an `anthropic` route: the
+  one the file was created through, else the first configured; same rules otherwise;
 - every request is counted with its latency per path family (Prometheus).
 """
 
@@ -26,15 +29,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.boundary.admit import AdmittedRequest
 from gateway.boundary.body import parse_json, read_body, strip_reserved
 from gateway.boundary.client_watch import ClientWatch
-from gateway.config.routes import PASSTHROUGH_KINDS, Route, RouteTable
+from gateway.config.routes import ANTHROPIC_FAMILIES, PASSTHROUGH_KINDS, Route, RouteTable
+from gateway.doors.messages_relay import anthropic_error_from_upstream, error_body
 from gateway.doors.passthrough_relay import AnswerObserver, Relay, relay_answer
 from gateway.errors import GatewayError
 from gateway.paths import AZURE_FAMILIES, PassPath, parse_target
+from gateway.translation.messages_chat import anthropic_error_type
 from gateway.upstreams.base import Upstream, UpstreamError
 from gateway.upstreams.registry import Upstreams
 
@@ -48,6 +54,7 @@ log = logging.getLogger("firsttoken.passthrough")
 METHODS = frozenset({"GET", "POST", "DELETE"})
 # Client headers that change what the upstream does; nothing else is forwarded.
 FORWARD_HEADERS = ("accept", "openai-beta", "idempotency-key")
+ANTHROPIC_FORWARD_HEADERS = ("accept", "anthropic-version", "anthropic-beta")
 # Bodies streamed to the upstream as they arrive; every other body is JSON.
 UPLOAD_TYPES = ("multipart/form-data", "application/octet-stream")
 
@@ -56,13 +63,37 @@ class _ClientGone(Exception):
     """The client disconnected; nobody is left to answer."""
 
 
-def forward_headers(request: Request) -> dict[str, str]:
+def forward_headers(request: Request, allowed: tuple[str, ...] = FORWARD_HEADERS) -> dict[str, str]:
     """The allow-listed client headers, minus any the client's `Connection` header names."""
     headers = request.headers
     named = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    return {
-        name: headers[name] for name in FORWARD_HEADERS if name in headers and name not in named
-    }
+    return {name: headers[name] for name in allowed if name in headers and name not in named}
+
+
+def from_anthropic_client(request: Request, path: PassPath) -> bool:
+    """An Anthropic SDK request for a family both providers name alike (`/v1/files`): told
+    apart by `anthropic-version`, which that SDK sends on every request and OpenAI's never."""
+    return path.family in ANTHROPIC_FAMILIES and "anthropic-version" in request.headers
+
+
+def anthropic_error(exc: GatewayError) -> bytes:
+    """A gateway error in Anthropic's shape, for an Anthropic client."""
+    return error_body(exc.message, anthropic_error_type(exc.status))
+
+
+def choose_anthropic_route(table: RouteTable, owner_route: str | None) -> Route:
+    """The `anthropic` route the object was created through, else the first one configured
+    (either only where its `passthrough` allows `files`)."""
+    if owner_route is not None:
+        route = table.by_name.get(owner_route)
+        if route is not None and route.serves_anthropic_files():
+            return route
+    for route in table.routes:
+        if route.serves_anthropic_files():
+            return route
+    raise GatewayError(
+        404, "No anthropic route serves Anthropic's Files API.", code="no_passthrough_route"
+    )
 
 
 def choose_route(
@@ -157,6 +188,7 @@ class Exchange:
         self.relay: Relay | None = None
         self.upload_error: BaseException | None = None
         self.watch: ClientWatch | None = None
+        self.anthropic = False  # an Anthropic client's request: answered in Anthropic's shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = self.admitted.arrival
@@ -167,6 +199,7 @@ class Exchange:
                 scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b"")
             )
             family = path.family
+            self.anthropic = self.ready is None and from_anthropic_client(self.request, path)
             status = await self._exchange(tenant, path, scope["method"], receive, send)
         except asyncio.CancelledError:
             if not watch.absorbed():
@@ -177,13 +210,18 @@ class Exchange:
         except GatewayError as exc:
             status = exc.status
             if self.relay is None or not self.relay.started:
-                await exc.to_response()(scope, receive, send)
+                await self._error_response(exc)(scope, receive, send)
         finally:
             watch.stop()
             if self.ready is not None:
                 self.ready.observer.finish(status)
             else:
                 self._observe(tenant, family, status, time.perf_counter() - arrival)
+
+    def _error_response(self, exc: GatewayError) -> Response:
+        if not self.anthropic:
+            return exc.to_response()
+        return Response(anthropic_error(exc), exc.status, media_type="application/json")
 
     def _observe(self, tenant: str, family: str, status: int, seconds: float) -> None:
         telemetry = self.parts.telemetry
@@ -271,7 +309,10 @@ class Exchange:
             data, body, content_type = await self._read_request(path, receive)
         objects, upstreams = self.parts.objects, self.parts.upstreams
         owner_route = await objects.check_request(tenant, path, method, body)
-        if self.ready is not None:  # admitted and routed by its door
+        anthropic = self.anthropic
+        if anthropic:
+            route = choose_anthropic_route(upstreams.table, owner_route)
+        elif self.ready is not None:  # admitted and routed by its door
             route = self.admitted.route
             if not route.allows_passthrough(path.family):
                 raise _family_off(path.family, route)
@@ -282,7 +323,9 @@ class Exchange:
             route = choose_route(upstreams.table, path.family, model, owner_route)
         await upstreams.ready(route.name)
         upstream = upstreams[route.name]
-        headers = forward_headers(self.request)
+        headers = forward_headers(
+            self.request, ANTHROPIC_FORWARD_HEADERS if anthropic else FORWARD_HEADERS
+        )
         if content_type is not None:
             headers["content-type"] = content_type
             declared = self.request.headers.get("content-length")
@@ -292,6 +335,8 @@ class Exchange:
         self.relay = relay = Relay(
             send, self.settings, objects, tenant, path, method, route, observer
         )
+        if anthropic:
+            relay.own_error, relay.upstream_error = anthropic_error, anthropic_error_from_upstream
         timeout = route.timeout_s or self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):

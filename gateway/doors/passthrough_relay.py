@@ -105,6 +105,10 @@ class Relay:
         self.path = path
         self.method = method
         self.route = route
+        # How an error reads: OpenAI's shape, unless the door names another (Anthropic's
+        # Files API answers in Anthropic's).
+        self.own_error: Callable[[GatewayError], bytes] = lambda exc: orjson.dumps(exc.to_dict())
+        self.upstream_error: Callable[[int, bytes | None], bytes] = openai_error_from_upstream
         self.started = False
         self.streaming_events = False
 
@@ -126,11 +130,11 @@ class Relay:
             )
             retry = {"retry-after": headers["retry-after"]} if "retry-after" in headers else {}
             await self.whole(
-                mine, {"content-type": "application/json", **retry}, orjson.dumps(error.to_dict())
+                mine, {"content-type": "application/json", **retry}, self.own_error(error)
             )
             return mine
         if status >= 400:  # the upstream's own refusal, bounded and in OpenAI's shape
-            raw = openai_error_from_upstream(status, await read_prefix(resp, ERROR_BODY_BYTES))
+            raw = self.upstream_error(status, await read_prefix(resp, ERROR_BODY_BYTES))
             await self.whole(status, {**headers, "content-type": "application/json"}, raw)
             return status
         content_type = resp.headers.get("content-type", "")

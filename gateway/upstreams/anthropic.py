@@ -50,8 +50,27 @@ from gateway.upstreams.http import RemoteUpstream, json_object_body
 log = logging.getLogger("firsttoken.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
-# Anthropic's own paths (after the route's base URL, `.../v1`) that `forward` serves.
-FORWARDED_PATHS = frozenset({("messages",), ("messages", "count_tokens")})
+# Anthropic's own paths (after the route's base URL, `.../v1`) that `forward` serves, by method;
+# `*` is one object id (already validated by `parse_target`). The Files API is the passthrough
+# door's (`gateway.doors.passthrough`), for clients that send `anthropic-version`.
+FORWARDED_PATHS: dict[str, frozenset[tuple[str, ...]]] = {
+    "POST": frozenset({("messages",), ("messages", "count_tokens"), ("files",)}),
+    "GET": frozenset({("files",), ("files", "*"), ("files", "*", "content")}),
+    "DELETE": frozenset({("files", "*")}),
+}
+# Families whose paths take a query (a list's paging; the SDK's `beta=true`); `messages` none.
+QUERY_FAMILIES = frozenset({"files"})
+
+
+def forwarded(method: str, path: PassPath) -> bool:
+    """Whether `forward` serves this method and path (a query only where Anthropic reads one)."""
+    segments = path.segments
+    if not any(
+        len(p) == len(segments) and all(w in ("*", s) for w, s in zip(p, segments, strict=True))
+        for p in FORWARDED_PATHS.get(method, frozenset())
+    ):
+        return False
+    return not path.query or segments[0] in QUERY_FAMILIES
 
 
 class AnthropicUpstream(RemoteUpstream):
@@ -80,11 +99,12 @@ class AnthropicUpstream(RemoteUpstream):
     async def forward(
         self, method: str, path: PassPath, headers: Mapping[str, str], data: Any
     ) -> aiohttp.ClientResponse:
-        """Anthropic's own endpoints (`POST messages`, `POST messages/count_tokens`), as the
-        client wrote them: the Messages API door (`gateway.doors.messages`) uses this. Any other
-        path or method is not forwarded. The client may choose its `anthropic-version`; the
-        route's key always replaces whatever key the headers carry."""
-        if method != "POST" or path.segments not in FORWARDED_PATHS or path.query:
+        """Anthropic's own endpoints (`POST messages`, `POST messages/count_tokens`, the Files
+        API), as the client wrote them: the Messages API door (`gateway.doors.messages`) and the
+        passthrough door (files) use this. Any other path or method is not forwarded. The
+        client may choose its `anthropic-version`; the route's key always replaces whatever key
+        the headers carry."""
+        if not forwarded(method, path):
             raise no_forward(self.route)
         return await self.http.forward(
             method, path, headers, data, client_chosen=("anthropic-version",)
