@@ -1,0 +1,96 @@
+"""Where an uncached prefill's time goes: one long prompt through the engine, under a profiler.
+
+    python bench/engine_profile.py                      # SmolLM2-135M shape, 1,500 tokens
+    python bench/engine_profile.py --tokens 512 --dtype bfloat16 --top 15
+
+The model has SmolLM2-135M's exact shape with random weights (written locally; nothing is
+downloaded): the time of a forward depends on the shape, not on the values. Prints the
+operators that take the time (torch.profiler, self CPU time) and the wall time of the
+same prefill without a profiler (best of --repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine_backend.config import EngineConfig
+from engine_backend.demo import RandomModelSpec, build_demo_model
+from engine_backend.llm_engine import LLMEngine
+from engine_backend.sampling import SamplingParams
+
+# SmolLM2-135M(-Instruct): config.json's shape, tied embeddings, rope_theta 100000.
+SMOLLM2_135M = RandomModelSpec(
+    hidden_size=576,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+    seed=3,
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=1500)
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the engine's)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--top", type=int, default=12, help="operators to list")
+    p.add_argument("--cache-dir", default=None, help="where the random checkpoint is written")
+    return p.parse_args(argv)
+
+
+def make_engine(model_dir: str, dtype: str | None, tokens: int) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            device="cpu",
+            dtype=dtype,
+            num_blocks=(tokens + 64) // 16 + 8,
+            max_num_batched_tokens=max(2048, tokens + 16),
+        )
+    )
+
+
+def prefill_once(engine: LLMEngine, ids: list[int], request_id: str) -> float:
+    """Seconds to the first token of a lone, uncached prompt."""
+    engine.reset_prefix_cache()
+    started = time.perf_counter()
+    engine.add_request(request_id, ids, SamplingParams(max_tokens=1, temperature=0.0))
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model_dir = build_demo_model(args.cache_dir, SMOLLM2_135M)
+    engine = make_engine(model_dir, args.dtype, args.tokens)
+    rng = random.Random(0)
+    ids = [rng.randrange(SMOLLM2_135M.vocab_size or 512) for _ in range(args.tokens)]
+    prefill_once(engine, ids[:64], "warm-up")
+    best = min(prefill_once(engine, ids, f"timed-{i}") for i in range(args.repeats))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled = prefill_once(engine, ids, "profiled")
+    print(
+        f"{args.tokens}-token cold prefill, dtype {engine.config.dtype}, "
+        f"{torch.get_num_threads()} threads: best {best:.3f} s "
+        f"(under the profiler {profiled:.3f} s)"
+    )
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
