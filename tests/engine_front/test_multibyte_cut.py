@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 
-import openai
 import pytest
 import torch
 import uvicorn
@@ -65,9 +64,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     local_engine = LocalEngine.from_model(folder, num_blocks=64, max_num_batched_tokens=256)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(local_engine), host="127.0.0.1", port=port, log_level="warning"
-        )
+        uvicorn.Config(create_app(local_engine), host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
