@@ -50,6 +50,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Where an operator's time is counted in the summary; anything else is "other".
+CATEGORIES = {
+    "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"),
+    "attention kernels": ("aten::_scaled_dot_product", "aten::_flash_attention"),
+    "KV cache write": ("aten::index_copy", "aten::index_put"),
+    "KV gather": ("aten::index_select", "aten::gather"),
+    "norms": ("aten::linalg_vector_norm", "aten::pow", "aten::mean", "aten::sum", "aten::rsqrt"),
+    "elementwise": ("aten::mul", "aten::add", "aten::sub", "aten::silu", "aten::cat"),
+    "copies and casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous"),
+    "embedding": ("aten::embedding",),
+}
+
+
+def category(name: str) -> str:
+    for label, prefixes in CATEGORIES.items():
+        if name.startswith(prefixes):
+            return label
+    return "other"
+
+
+def summarise(prof: profile) -> list[tuple[str, float, int]]:
+    """(category, self CPU seconds, calls), largest first."""
+    totals: dict[str, list[float]] = {}
+    for event in prof.key_averages():
+        entry = totals.setdefault(category(event.key), [0.0, 0])
+        entry[0] += event.self_cpu_time_total / 1e6
+        entry[1] += event.count
+    return sorted(((k, v[0], int(v[1])) for k, v in totals.items()), key=lambda r: -r[1])
+
+
 def make_engine(model_dir: str, dtype: str | None, tokens: int) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
@@ -62,14 +92,15 @@ def make_engine(model_dir: str, dtype: str | None, tokens: int) -> LLMEngine:
     )
 
 
-def prefill_once(engine: LLMEngine, ids: list[int], request_id: str) -> float:
-    """Seconds to the first token of a lone, uncached prompt."""
+def prefill_once(engine: LLMEngine, ids: list[int], request_id: str) -> tuple[float, float]:
+    """Wall and process CPU seconds to the first token of a lone, uncached prompt (on a
+    shared machine the CPU time is the steadier of the two)."""
     engine.reset_prefix_cache()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     engine.add_request(request_id, ids, SamplingParams(max_tokens=1, temperature=0.0))
     while engine.has_unfinished():
         engine.step()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,14 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     ids = [rng.randrange(SMOLLM2_135M.vocab_size or 512) for _ in range(args.tokens)]
     prefill_once(engine, ids[:64], "warm-up")
-    best = min(prefill_once(engine, ids, f"timed-{i}") for i in range(args.repeats))
+    timed = [prefill_once(engine, ids, f"timed-{i}") for i in range(args.repeats)]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        profiled = prefill_once(engine, ids, "profiled")
+        profiled, _ = prefill_once(engine, ids, "profiled")
     print(
         f"{args.tokens}-token cold prefill, dtype {engine.config.dtype}, "
-        f"{torch.get_num_threads()} threads: best {best:.3f} s "
-        f"(under the profiler {profiled:.3f} s)"
+        f"{torch.get_num_threads()} threads: best {min(t[0] for t in timed):.3f} s wall, "
+        f"{min(t[1] for t in timed):.3f} s CPU (under the profiler {profiled:.3f} s wall)"
     )
+    rows = summarise(prof)
+    total = sum(r[1] for r in rows)
+    print(f"{'where':<20} {'self CPU s':>10} {'share':>7} {'calls':>7}")
+    for label, seconds, calls in rows:
+        print(f"{label:<20} {seconds:>10.3f} {seconds / total:>7.1%} {calls:>7}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
     return 0
 
