@@ -77,7 +77,8 @@ async def test_concurrent_streams_match_the_synchronous_engine(thread, reference
         assert outputs[-1].num_output_tokens == 12
         assert outputs[-1].num_prompt_tokens == len(p)
         text = "".join(out.text for out in outputs)
-        assert text == thread.tokenizer.decode(want)
+        # The bytes of a character the length cut left incomplete are dropped, not sent.
+        assert text == thread.tokenizer.decode(want).rstrip("\ufffd")
     await wait_all_blocks_free(thread)
 
 
