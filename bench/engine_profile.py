@@ -20,23 +20,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine_backend.config import EngineConfig
-from engine_backend.demo import RandomModelSpec, build_demo_model
+from engine_backend.demo import SMOLLM2_135M_SHAPE as SMOLLM2_135M
+from engine_backend.demo import build_demo_model
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
-
-# SmolLM2-135M(-Instruct): config.json's shape, tied embeddings, rope_theta 100000.
-SMOLLM2_135M = RandomModelSpec(
-    hidden_size=576,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    intermediate_size=1536,
-    vocab_size=49152,
-    max_position_embeddings=8192,
-    tie_word_embeddings=True,
-    rope_theta=100000.0,
-    seed=3,
-)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -208,7 +208,7 @@ async def test_a_detokenizer_failure_ends_that_stream_alone(thread, reference, m
     assert len(seen) == 2 and not seen[-1].finished
     for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
-        assert "".join(o.text for o in outputs) == thread.tokenizer.decode(want)
+        assert "".join(o.text for o in outputs) == thread.tokenizer.decode(want).rstrip("\ufffd")
     await wait_all_blocks_free(thread)  # the failed request was aborted in the engine too
 
 
