@@ -10,8 +10,9 @@ Each contender runs in its own worker process (same thread count, one active at 
 and the parent alternates their order request by request (A B, then B A), so load from
 anything else on the machine falls on all of them alike. Measured per dtype: cold TTFT of
 an uncached prompt, warm TTFT of a prompt sharing all but its last ~25 tokens with the one
-before, decode tokens/s at batch 1 and 8 (from the time of `max_tokens` N minus that of 1,
-the same way for every contender), and greedy equality on five prompts.
+before, decode tokens/s at batch 1 and 8 (timed inside the worker from every request's
+first token to the end; for vLLM, whose offline API shows only the end, a run of N + 1
+tokens minus a run of 1), and greedy equality on five prompts (64 tokens each).
 
 vLLM is used when `--vllm-python` (or this interpreter) can import it; otherwise the bench
 says so and compares with transformers, which has no prefix cache (its warm TTFT is a
@@ -66,6 +67,7 @@ class EngineWorker:
             )
         )
         self.count = 0
+        self.first_token_at: float | None = None
 
     def run(self, prompts: list[list[int]], max_tokens: int, cold: bool) -> list[list[int]]:
         if cold:
@@ -77,11 +79,14 @@ class EngineWorker:
             params = self.params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
             self.llm.add_request(ids[-1], prompt, params)
         tokens: dict[str, list[int]] = {i: [] for i in ids}
+        self.first_token_at = None
         for _ in range(100_000):
             if not self.llm.has_unfinished():
                 break
             for out in self.llm.step():
                 tokens[out.request_id].extend(out.new_token_ids)
+            if self.first_token_at is None and all(tokens.values()):
+                self.first_token_at = time.perf_counter()
         return [tokens[i] for i in ids]
 
 
@@ -90,6 +95,7 @@ class VllmWorker:
         from vllm import LLM, SamplingParams
 
         self.params = SamplingParams
+        self.first_token_at: float | None = None  # not observable here: the parent subtracts
         self.llm = LLM(
             model=model,
             dtype=dtype,
@@ -119,6 +125,7 @@ class TransformersWorker:
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             model, dtype=getattr(torch, dtype)
         ).eval()
+        self.first_token_at: float | None = None
 
     def run(self, prompts: list[list[int]], max_tokens: int, cold: bool) -> list[list[int]]:
         torch = self.torch
@@ -126,6 +133,22 @@ class TransformersWorker:
         # Left padding; the bench's batched prompts all have one length, so none is padded.
         x = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        worker = self
+
+        class FirstToken:
+            """generate's streamer: put() gets the prompt, then each step's new tokens."""
+
+            calls = 0
+
+            def put(self, value: Any) -> None:
+                self.calls += 1
+                if self.calls == 2:
+                    worker.first_token_at = time.perf_counter()
+
+            def end(self) -> None:
+                pass
+
+        self.first_token_at = None
         with torch.inference_mode():
             out = self.model.generate(
                 x,
@@ -134,6 +157,7 @@ class TransformersWorker:
                 min_new_tokens=max_tokens,
                 do_sample=False,
                 pad_token_id=0,
+                streamer=FirstToken(),
             )
         return [row[width:].tolist() for row in out]
 
@@ -152,8 +176,12 @@ def worker_main(kind: str, model: str, dtype: str, threads: int, max_len: int) -
         request = json.loads(line)
         started = time.perf_counter()
         tokens = worker.run(request["prompts"], request["max_tokens"], request["cold"])
-        seconds = time.perf_counter() - started
-        print(json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
+        ended = time.perf_counter()
+        first = worker.first_token_at
+        answer = {"seconds": ended - started, "tokens": tokens}
+        # Seconds from every request's first token to the end, where the worker can see it.
+        answer["after_first_s"] = None if first is None else ended - first
+        print(json.dumps(answer), flush=True)
     return 0
 
 
@@ -260,6 +288,9 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
         for contender in order:
             answer = contender.ask(prompts, max_tokens, cold)
             results[contender.name].setdefault(key, []).append(answer["seconds"])
+            if answer["after_first_s"] is not None:
+                results[contender.name].setdefault(key + "_after_first", [])
+                results[contender.name][key + "_after_first"].append(answer["after_first_s"])
 
     for turn in range(args.repeats):
         base = [rng.randrange(vocab) for _ in range(args.tokens)]
@@ -276,8 +307,12 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
         best = {key: min(values) for key, values in times.items()}
         row = {"cold_ttft_s": best["cold_ttft_s"], "warm_ttft_s": best["warm_ttft_s"]}
         for batch in (1, 8):
-            decode_s = max(1e-9, best[f"b{batch}_all_s"] - best[f"b{batch}_first_s"])
-            row[f"decode_b{batch}_tok_s"] = batch * args.decode_tokens / decode_s
+            # From the first token on where the worker saw it; else the difference of a run
+            # of decode_tokens + 1 and a run of 1 (vLLM's offline API shows only the end).
+            decode_s = best.get(f"b{batch}_all_s_after_first")
+            if decode_s is None:
+                decode_s = best[f"b{batch}_all_s"] - best[f"b{batch}_first_s"]
+            row[f"decode_b{batch}_tok_s"] = batch * args.decode_tokens / max(decode_s, 1e-9)
         summary[name] = row
     return summary
 
