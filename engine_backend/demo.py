@@ -79,6 +79,22 @@ class RandomModelSpec:
     seed: int = 0
 
 
+# SmolLM2-135M(-Instruct)'s exact shape (its config.json: tied embeddings, rope_theta
+# 100000), for benchmarks: a forward's time depends on the shape, not on the values.
+SMOLLM2_135M_SHAPE = RandomModelSpec(
+    hidden_size=576,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+    seed=3,
+)
+
+
 def build_byte_level_tokenizer(vocab_size: int = 512) -> Tokenizer:
     """A GPT-2-style byte-level BPE tokenizer: every byte is a token, so any text encodes,
     plus merges learned from the built-in text and the chat special tokens."""

@@ -227,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: auto)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto (default): bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32",
+    )
     parser.add_argument(
         "--threads",
         type=int,

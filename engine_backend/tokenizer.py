@@ -205,8 +205,14 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
     def flush(self) -> str:
-        """At the end of a sequence, return whatever was held back, complete or not."""
+        """At the end of a sequence, return the held-back text that is complete.
+
+        A stop or length cut can fall inside a character; its first bytes decode to U+FFFD,
+        which is dropped here (as vLLM drops them) so no answer ends in a replacement
+        character, streamed or whole. A literal U+FFFD the model wrote as its very last
+        character looks the same in decoded text and is dropped too."""
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
-        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+        tail = full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+        return tail.rstrip(REPLACEMENT_CHAR)

@@ -100,6 +100,11 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, slots)
 
 
+def gqa_of(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether query heads share key/value heads ([tokens, heads, dim] each)."""
+    return q.shape[1] != k.shape[1]
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -113,9 +118,19 @@ def paged_attention(
     [slots, kv_heads, dim]. Returns [tokens, heads, dim]."""
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    if not meta.num_decodes and len(meta.prefills) == 1 and meta.prefills[0].context_slots is None:
+        # One fresh prompt (the cold-TTFT case): its own keys, causal, and SDPA's output
+        # as it is, with no copy into a step-wide buffer.
+        queries = q.transpose(0, 1).unsqueeze(0)
+        keys = k.transpose(0, 1).unsqueeze(0)
+        values = v.transpose(0, 1).unsqueeze(0)
+        attended = F.scaled_dot_product_attention(
+            queries, keys, values, is_causal=q.shape[0] > 1, scale=scale, enable_gqa=gqa_of(q, k)
+        )
+        return attended[0].transpose(0, 1)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    gqa = q.shape[1] != num_kv_heads
+    gqa = gqa_of(q, k)
     if meta.num_decodes:
         n = meta.num_decodes
         decode_slots = meta.decode_slots

@@ -115,14 +115,18 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        tokens, heads = x.shape[0], self.num_heads
+        qkv = self.qkv_proj(x)
+        qk_size = self.q_size + self.kv_size
+        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = qkv[:, : self.q_size], qkv[:, self.q_size : qk_size]
+            q = apply_rotary(self.q_norm(q.view(tokens, heads, self.head_dim)), cos, sin)
+            k = apply_rotary(self.k_norm(k.view(tokens, -1, self.head_dim)), cos, sin)
+        else:
+            # Query and key heads side by side in one tensor: one rotation for both.
+            qk = apply_rotary(qkv[:, :qk_size].view(tokens, -1, self.head_dim), cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
@@ -137,7 +141,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        # In place in the projection's output: no [tokens, intermediate] temporaries.
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -157,8 +162,9 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The residual stream is updated in place (each layer's input is its own to change).
+        x = x.add_(self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta))
+        return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
 class CausalLM(nn.Module):

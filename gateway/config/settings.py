@@ -203,7 +203,9 @@ class Settings(BaseModel):
     )
     engine_device: str | None = Field(default=None, description="cuda or cpu; unset: auto")
     engine_dtype: str | None = Field(
-        default=None, description="unset: bf16 on CUDA, float32 on CPU"
+        default=None,
+        description="auto, float32, bfloat16 or float16; unset or auto: bf16 on CUDA and on "
+        "CPUs with AVX-512 BF16 or AMX, float32 on other CPUs",
     )
     engine_max_num_batched_tokens: int | None = Field(
         default=None,

@@ -15,6 +15,27 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device the engine runs on in tests/engine (cpu, cuda, cuda:1); the references "
+        "(transformers) stay on the CPU",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the shared test options at the requested device (read when tests/engine is
+    named on the command line; any other run keeps the CPU)."""
+    from tests.engine.engines import TEST_OPTIONS
+
+    device = str(config.getoption("--device", default="cpu"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {device}: this machine has no CUDA device")
+    TEST_OPTIONS["device"] = device
+
+
 VOCAB = 256
 EOS_ID = 2
 

@@ -20,7 +20,16 @@ from engine_backend.model_runner import StepLogits
 from engine_backend.sampling import SamplingParams
 from engine_backend.sequence import Sequence
 
-TEST_OPTIONS: dict[str, Any] = {"num_blocks": 256, "block_size": 4, "max_num_batched_tokens": 512}
+# float32: the exactness tests compare with transformers' float32 at a tight tolerance, so
+# they pin it rather than take the machine's auto choice (bf16 where the CPU has it). The
+# device is the run's (`--device`, tests/engine/conftest.py).
+TEST_OPTIONS: dict[str, Any] = {
+    "num_blocks": 256,
+    "block_size": 4,
+    "max_num_batched_tokens": 512,
+    "dtype": "float32",
+    "device": "cpu",
+}
 
 _request_ids = itertools.count()
 

@@ -8,8 +8,9 @@ import shutil
 import pytest
 import torch
 
+from engine_backend import config as config_module
 from engine_backend.checkpoint import load_eos_token_ids, safetensors_files
-from engine_backend.config import EngineConfig
+from engine_backend.config import EngineConfig, cpu_has_native_bf16
 from engine_backend.llm_engine import LLMEngine
 from engine_backend.sampling import SamplingParams
 from tests.engine.engines import LogitsCapturingEngine, generate
@@ -17,13 +18,35 @@ from tests.engine.engines import LogitsCapturingEngine, generate
 
 def test_config_resolution_on_cpu(checkpoint):
     folder, _ = checkpoint("llama")
-    engine = LLMEngine(EngineConfig(model=str(folder), device="cpu", kv_cache_bytes=1 << 20))
+    engine = LLMEngine(
+        EngineConfig(model=str(folder), device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
+    )
     assert engine.device == torch.device("cpu") and engine.dtype == torch.float32
     # 2 layers * 2 (k, v) * 2 kv heads * 16 dims * 4 bytes = 512 bytes per token.
     assert engine.config.num_blocks == (1 << 20) // (512 * 16)
     assert engine.config.max_model_len == 1024  # max_position_embeddings, within the pool
     assert engine.config.dtype == "float32" and engine.config.device == "cpu"
     assert engine.hf_config["num_hidden_layers"] == 2
+
+
+def test_auto_dtype_is_bf16_exactly_where_the_cpu_has_it(monkeypatch, tmp_path):
+    cpu = torch.device("cpu")
+    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert EngineConfig(model="x").resolve_dtype(cpu) == expected
+    assert EngineConfig(model="x", dtype="auto").resolve_dtype(cpu) == expected
+    assert EngineConfig(model="x", dtype="float32").resolve_dtype(cpu) == torch.float32
+    # Without torch's probe, /proc/cpuinfo's flags decide.
+    monkeypatch.delattr(torch._C._cpu, "_get_cpu_capability", raising=False)
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(config_module, "CPUINFO", cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 sse\n")
+    assert cpu_has_native_bf16()
+    assert EngineConfig(model="x").resolve_dtype(cpu) == torch.bfloat16
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert not cpu_has_native_bf16()
+    assert EngineConfig(model="x", dtype="auto").resolve_dtype(cpu) == torch.float32
+    cpuinfo.unlink()
+    assert not cpu_has_native_bf16()
 
 
 def test_bfloat16_runs_close_to_float32(checkpoint, helpers):

@@ -77,7 +77,8 @@ async def test_concurrent_streams_match_the_synchronous_engine(thread, reference
         assert outputs[-1].num_output_tokens == 12
         assert outputs[-1].num_prompt_tokens == len(p)
         text = "".join(out.text for out in outputs)
-        assert text == thread.tokenizer.decode(want)
+        # The bytes of a character the length cut left incomplete are dropped, not sent.
+        assert text == thread.tokenizer.decode(want).rstrip("\ufffd")
     await wait_all_blocks_free(thread)
 
 
@@ -207,7 +208,7 @@ async def test_a_detokenizer_failure_ends_that_stream_alone(thread, reference, m
     assert len(seen) == 2 and not seen[-1].finished
     for outputs, want in zip(results, expected, strict=False):
         assert [t for out in outputs for t in out.token_ids] == want
-        assert "".join(o.text for o in outputs) == thread.tokenizer.decode(want)
+        assert "".join(o.text for o in outputs) == thread.tokenizer.decode(want).rstrip("\ufffd")
     await wait_all_blocks_free(thread)  # the failed request was aborted in the engine too
 
 

@@ -53,14 +53,18 @@ def test_partial_character_is_held_until_complete(tok: Tokenizer) -> None:
     assert detok.add(emoji_ids[-1:]) == "😀"
 
 
-def test_flush_returns_an_incomplete_tail(tok: Tokenizer) -> None:
-    a, emoji = tok.encode("a"), tok.encode("😀")
+def test_flush_drops_an_incomplete_tail_and_keeps_complete_text(tok: Tokenizer) -> None:
+    a, e_acute, emoji = tok.encode("a"), tok.encode("é"), tok.encode("😀")
     detok = IncrementalDetokenizer(tok)
     assert detok.add(a) == "a"
     assert detok.add(emoji[:-1]) == ""
-    tail = detok.flush()
-    assert tail == tok.decode(emoji[:-1]) and tail.endswith("\ufffd")
+    assert tok.decode(emoji[:-1]).endswith("\ufffd")  # what the old flush sent
     assert detok.flush() == ""
+    assert detok.flush() == ""
+    # One add that completes a character and starts another holds both; flush keeps the first.
+    detok = IncrementalDetokenizer(tok)
+    assert detok.add(e_acute + emoji[:-1]) == ""
+    assert detok.flush() == "é"
 
 
 @settings(max_examples=60, deadline=None)
