@@ -27,7 +27,11 @@ def mock_upstream():
 @pytest.fixture
 def make_gateway() -> Iterator[Callable[..., object]]:
     """`make_gateway(routes, environ=None, **settings)` starts a gateway on a loopback port;
-    every gateway it started stops after the test. The upstream key is in `MOCK_KEY`."""
+    every gateway it started stops after the test. The upstream key is in `MOCK_KEY`.
+
+    A local route's engine runs in float32 unless a test asks otherwise: these tests compare
+    answers across batching and prefix-cache hits, which bf16 (the engine's default on CPUs
+    that have it) rounds differently; the engine's bf16 is tested in tests/engine."""
     from gateway.config.settings import load_settings
     from tests.support.gateway import UPSTREAM_KEY_ENV, GatewayThread
 
@@ -35,6 +39,7 @@ def make_gateway() -> Iterator[Callable[..., object]]:
 
     def make(routes: list[dict], environ: dict | None = None, **settings) -> GatewayThread:
         env = {UPSTREAM_KEY_ENV: "sk-upstream-secret", **(environ or {})}
+        settings.setdefault("engine_dtype", "float32")
         gw = GatewayThread(
             load_settings(environ=env, routes=orjson.dumps(routes).decode(), **settings)
         )
