@@ -175,6 +175,7 @@ class ServerPool:
                 if isinstance(text, str):
                     load = parse_server_load(text, kind)
                     state.queue, state.kv_usage = load.queue, load.kv_usage
+                    state.in_flight_at_report = state.in_flight
                     state.health.heard()
                 else:
                     state.queue = state.kv_usage = None

@@ -75,6 +75,26 @@ def test_queue_and_kv_usage_count_as_load() -> None:
     assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9, among equal costs
 
 
+def test_a_stale_queue_report_counts_the_gateway_s_requests_of_then_not_others() -> None:
+    # read while 11 of its own were in flight (3 waiting); since then they started: now 8 in
+    # flight, the slots full and nobody waiting, whatever the report still says
+    holder = replica("a", holds=PROMPT, in_flight=8, queue=3, in_flight_at_report=11)
+    b = balancer(holder, replica("b"), **MS)
+    assert b.wait_ms(holder) == 125.0  # one slot's turn: 1000 ms / 8, not 4 * 125
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is holder
+    holder.in_flight_at_report = 8  # the 3 were others' after all: 4 slot turns
+    assert b.wait_ms(holder) == 500.0
+
+
+def test_at_equal_cost_the_replica_holding_the_prompt_wins_over_the_less_busy() -> None:
+    # a prefill rate fitted to 0 from noisy answers makes every free replica cost the same;
+    # the holder, one request still ending there, keeps the conversation
+    holder = replica("a", holds=PROMPT, in_flight=1)
+    b = balancer(holder, replica("b"), prior_prefill_ms_per_token=0.0)
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is holder
+    assert b.choose(OTHER, 0.0).replica.name == "b"  # nobody holds it: the less busy
+
+
 def test_weights_scale_load() -> None:
     big = replica("a", holds=PROMPT, in_flight=20, weight=2.0)
     b = balancer(big, replica("b"), **MS)
