@@ -23,7 +23,8 @@ Modes (`BalanceOptions.mode`):
       wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
                     (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
                     requests the server reports beyond its own); each request holds a slot for
-                    service(r) ms, r's observed send-to-end time; 0 while a slot is free
+                    service(r) ms, r's send-to-end time (requests that found a slot
+                    free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
 
@@ -276,11 +277,15 @@ class Balancer:
         residual = ms - self.latency.prefill_ms_per_token * choice.uncached_tokens
         choice.replica.latency.observe_fixed(residual)
 
-    def done(self, replica: ReplicaState, seconds: float | None = None) -> None:
+    def done(
+        self, replica: ReplicaState, seconds: float | None = None, free_slot: bool = True
+    ) -> None:
         """A request to `replica` ended, whichever way (`seconds` after it was sent, when it
-        ended well: how long it held a slot)."""
+        ended well: how long it held a slot, if it found one free; one sent to a full replica
+        also waited in its queue, and counting that wait as slot time would inflate every
+        later wait estimate there, moving warm conversations off it)."""
         replica.in_flight = max(0, replica.in_flight - 1)
-        if seconds is not None:
+        if seconds is not None and free_slot:
             replica.latency.observe_service(1000.0 * seconds)
 
     def by_name(self, name: str) -> ReplicaState:

@@ -95,6 +95,17 @@ def test_at_equal_cost_the_replica_holding_the_prompt_wins_over_the_less_busy() 
     assert b.choose(OTHER, 0.0).replica.name == "b"  # nobody holds it: the less busy
 
 
+def test_slot_time_is_learned_from_requests_that_found_a_slot_free() -> None:
+    r = replica("a")
+    b = balancer(r, replica("b"))
+    r.in_flight = 1
+    b.done(r, 5.0, free_slot=False)  # 5 s, most of it in the server's queue
+    assert r.latency.service_ms is None and r.in_flight == 0
+    r.in_flight = 1
+    b.done(r, 0.4)
+    assert r.latency.service_ms == 400.0
+
+
 def test_weights_scale_load() -> None:
     big = replica("a", holds=PROMPT, in_flight=20, weight=2.0)
     b = balancer(big, replica("b"), **MS)
