@@ -13,7 +13,7 @@ Modes (`BalanceOptions.mode`):
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
       first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
-      follow-up:   cost(r) = wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = [r not home] * excess(r) + wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
@@ -27,6 +27,7 @@ Modes (`BalanceOptions.mode`):
                     free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
+      home        = the replica(s) holding most of a follow-up's prompt
 
   A follow-up turn whose history is cached on r stays there unless waiting for a slot there
   costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
@@ -198,9 +199,13 @@ class Balancer:
         seen = [r.latency for r in self.replicas]
         best: tuple[float, int, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
-        for r in healthy:
-            matched = r.index.matched(blocks) if total else 0
-            excess = self.latency.excess_ms(r.latency, seen) if first_turn else 0.0
+        matches = [r.index.matched(blocks) if total else 0 for r in healthy]
+        home = max(matches) if matches else 0
+        for r, matched in zip(healthy, matches, strict=True):
+            # a follow-up pays no excess where its history is (already paid: it stays), but
+            # moving it onto a slower replica costs that replica's excess
+            counts = first_turn or not home or matched < home
+            excess = self.latency.excess_ms(r.latency, seen) if counts else 0.0
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
             key = (cost, -matched, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:

@@ -157,6 +157,20 @@ def test_a_slow_replica_keeps_its_warm_follow_ups_and_loses_new_conversations() 
     assert b.choose(PROMPT, 0.0, first_turn=True).replica is fast
 
 
+def test_a_follow_up_moved_off_a_full_replica_does_not_land_on_the_slow_one() -> None:
+    slow, fast, full = replica("slow"), replica("fast"), replica("full", holds=PROMPT)
+    b = balancer(slow, fast, full, **MS)
+    for _ in range(FIXED_SAMPLES):
+        b.first_token(Choice(slow, 0, 0, "affinity", 0.0), 0.320)
+        for r in (fast, full):
+            b.first_token(Choice(r, 0, 0, "affinity", 0.0), 0.020)
+    full.in_flight = 24  # 17 slot turns of 125 ms: 2125 ms of waiting against 1024 of recompute
+    # both others recompute it all (1024 ms); the slow one adds its 300 ms: the fast one wins
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is fast
+    fast.in_flight = 1  # less busy no longer breaks the tie the slow one's excess decides
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is fast
+
+
 @pytest.mark.parametrize(
     ("hot", "cold", "load_wins"),
     [
