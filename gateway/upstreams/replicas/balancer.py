@@ -13,7 +13,7 @@ Modes (`BalanceOptions.mode`):
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
       first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
-      follow-up:   cost(r) = wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = [r not home] * excess(r) + wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
@@ -23,16 +23,19 @@ Modes (`BalanceOptions.mode`):
       wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
                     (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
                     requests the server reports beyond its own); each request holds a slot for
-                    service(r) ms, r's observed send-to-end time; 0 while a slot is free
+                    service(r) ms, r's send-to-end time (requests that found a slot
+                    free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
+      home        = the replica(s) holding most of a follow-up's prompt
 
   A follow-up turn whose history is cached on r stays there unless waiting for a slot there
   costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
   on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
   so a replica that became slow stops getting new conversations at once, while its warm ones
   stay until it actually queues.
-  Ties (every replica with a free slot and none holding the prefix) go to the less busy
+  Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
+  noisy answers must not scatter a conversation over equal costs), then to the less busy
   (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
   the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
   chosen by the prefix itself, the same in every gateway process).
@@ -80,6 +83,9 @@ class ReplicaState:
     weight: float = 1.0
     in_flight: int = 0
     queue: int | None = None  # upstream-reported waiting requests; None: unknown
+    # this gateway's in_flight when `queue` was read (None: read now), to tell its own waiting
+    # requests in that report from others'
+    in_flight_at_report: int | None = None
     kv_usage: float | None = None  # 0..1; None: unknown
     index: PrefixIndex = field(default_factory=PrefixIndex)
     health: ReplicaHealth = field(default_factory=lambda: ReplicaHealth(HealthPolicy()))
@@ -191,13 +197,17 @@ class Balancer:
         prefill = self.latency.prefill_ms_per_token
         first = blocks[0] if total else b""
         seen = [r.latency for r in self.replicas]
-        best: tuple[float, float, bytes] | None = None
+        best: tuple[float, int, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
-        for r in healthy:
-            matched = r.index.matched(blocks) if total else 0
-            excess = self.latency.excess_ms(r.latency, seen) if first_turn else 0.0
+        matches = [r.index.matched(blocks) if total else 0 for r in healthy]
+        home = max(matches) if matches else 0
+        for r, matched in zip(healthy, matches, strict=True):
+            # a follow-up pays no excess where its history is (already paid: it stays), but
+            # moving it onto a slower replica costs that replica's excess
+            counts = first_turn or not home or matched < home
+            excess = self.latency.excess_ms(r.latency, seen) if counts else 0.0
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
-            key = (cost, self._busy(r), _rendezvous(first, r.name))
+            key = (cost, -matched, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
         least = min(healthy, key=_load_order)
@@ -211,12 +221,14 @@ class Balancer:
         free; past that, the requests ahead of it beyond the slots, each freeing a slot every
         service(r) / slots ms. The requests ahead are the gateway's own in flight, plus the
         waiting requests the server reports beyond the gateway's own (its in-flight past the
-        slots): other clients'. A report up to a second old that still counts requests since
-        started adds nothing where the gateway knows better."""
+        slots when the report was read): other clients'. A report up to a second old counts
+        the gateway's requests of then, not of now: requests of its own that have since
+        started (or ended) are not taken for others' still waiting."""
         cap = self.options.slots * r.weight
         ahead = float(r.in_flight)
-        if r.queue:  # others' waiting requests: the reported queue less this gateway's own
-            ahead += max(0.0, r.queue - max(0.0, r.in_flight - cap))
+        if r.queue:  # others' waiting requests: the reported queue less this gateway's own then
+            own = r.in_flight if r.in_flight_at_report is None else r.in_flight_at_report
+            ahead += max(0.0, r.queue - max(0.0, own - cap))
         return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
 
     def _service_ms(self, r: ReplicaState) -> float:
@@ -270,11 +282,15 @@ class Balancer:
         residual = ms - self.latency.prefill_ms_per_token * choice.uncached_tokens
         choice.replica.latency.observe_fixed(residual)
 
-    def done(self, replica: ReplicaState, seconds: float | None = None) -> None:
+    def done(
+        self, replica: ReplicaState, seconds: float | None = None, free_slot: bool = True
+    ) -> None:
         """A request to `replica` ended, whichever way (`seconds` after it was sent, when it
-        ended well: how long it held a slot)."""
+        ended well: how long it held a slot, if it found one free; one sent to a full replica
+        also waited in its queue, and counting that wait as slot time would inflate every
+        later wait estimate there, moving warm conversations off it)."""
         replica.in_flight = max(0, replica.in_flight - 1)
-        if seconds is not None:
+        if seconds is not None and free_slot:
             replica.latency.observe_service(1000.0 * seconds)
 
     def by_name(self, name: str) -> ReplicaState:

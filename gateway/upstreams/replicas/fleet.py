@@ -113,16 +113,13 @@ class ReplicatedUpstream:
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
         blocks, chars, first_turn = self._prompt(body, ctx)
-        member = self.pool.sent(
-            self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn),
-            blocks,
-            self.placements,
-        )
+        choice = self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn)
+        member = self.pool.sent(choice, blocks, self.placements)
         sent = time.monotonic()
         result = await self.pool.attempt(
             member, member.upstream.complete(body, ctx), tenant=ctx.tenant
         )
-        self.pool.ended(member, None, ctx.tenant, sent)
+        self.pool.ended(member, None, ctx.tenant, sent, choice.free_slot)
         return result
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
@@ -247,8 +244,9 @@ class ReplicatedUpstream:
         failed: BaseException | None,
         tenant: str = "",
         sent: float | None = None,
+        free_slot: bool = True,
     ) -> None:
-        self.pool.ended(member, failed, tenant, sent)
+        self.pool.ended(member, failed, tenant, sent, free_slot)
 
     # -- what operators see -----------------------------------------------------------------
 
@@ -297,4 +295,5 @@ class TrackedStream(MemberStream):
             self._saw(batch)
 
     def _finish(self, failure: BaseException | None) -> None:
-        self._fleet.note_end(self._member, failure, self._tenant, self._since)
+        free_slot = self._choice is None or self._choice.free_slot
+        self._fleet.note_end(self._member, failure, self._tenant, self._since, free_slot)

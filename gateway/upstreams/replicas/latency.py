@@ -15,8 +15,8 @@ gateway sees every TTFT and knows what it expected to be uncached, so it fits bo
   the prefill of the uncached part), from requests sent while it had a free slot: a median,
   so that a few prompts it had evicted do not read as a slow replica, and a short one, so
   that a replica that turns 300 ms slower is seen within a handful of requests;
-- how long a request holds a slot (`service_ms`, a moving average of send to end), which turns
-  the requests ahead of a new one into a wait.
+- how long a request holds a slot (`service_ms`, a moving average of send to end, from
+  requests that found a slot free), which turns the requests ahead of a new one into a wait.
 
 Tokens are the gateway's estimate (characters / `CHARS_PER_TOKEN`, no tokenizer on the path):
 the slope is fitted in the same unit, so the estimate's bias cancels.

@@ -175,6 +175,7 @@ class ServerPool:
                 if isinstance(text, str):
                     load = parse_server_load(text, kind)
                     state.queue, state.kv_usage = load.queue, load.kv_usage
+                    state.in_flight_at_report = state.in_flight
                     state.health.heard()
                 else:
                     state.queue = state.kv_usage = None
@@ -246,11 +247,12 @@ class ServerPool:
         failure: BaseException | None,
         tenant: str = "",
         sent: float | None = None,
+        free_slot: bool = True,
     ) -> None:
-        """A request that `sent` counted (at monotonic `sent`, when known) has ended: free its
-        slot, judge the member."""
+        """A request that `sent` counted (at monotonic `sent`, when known; `free_slot`: the
+        member had a slot free then) has ended: free its slot, judge the member."""
         held = None if failure is not None or sent is None else time.monotonic() - sent
-        self.balancer.done(member.state, held)
+        self.balancer.done(member.state, held, free_slot)
         if failure is not None:
             self.failed(member, failure, tenant)
         else:

@@ -75,6 +75,37 @@ def test_queue_and_kv_usage_count_as_load() -> None:
     assert b.choose(OTHER, 0.0).replica.name == "b"  # 1/8 < 0.5 * 0.9, among equal costs
 
 
+def test_a_stale_queue_report_counts_the_gateway_s_requests_of_then_not_others() -> None:
+    # read while 11 of its own were in flight (3 waiting); since then they started: now 8 in
+    # flight, the slots full and nobody waiting, whatever the report still says
+    holder = replica("a", holds=PROMPT, in_flight=8, queue=3, in_flight_at_report=11)
+    b = balancer(holder, replica("b"), **MS)
+    assert b.wait_ms(holder) == 125.0  # one slot's turn: 1000 ms / 8, not 4 * 125
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is holder
+    holder.in_flight_at_report = 8  # the 3 were others' after all: 4 slot turns
+    assert b.wait_ms(holder) == 500.0
+
+
+def test_at_equal_cost_the_replica_holding_the_prompt_wins_over_the_less_busy() -> None:
+    # a prefill rate fitted to 0 from noisy answers makes every free replica cost the same;
+    # the holder, one request still ending there, keeps the conversation
+    holder = replica("a", holds=PROMPT, in_flight=1)
+    b = balancer(holder, replica("b"), prior_prefill_ms_per_token=0.0)
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is holder
+    assert b.choose(OTHER, 0.0).replica.name == "b"  # nobody holds it: the less busy
+
+
+def test_slot_time_is_learned_from_requests_that_found_a_slot_free() -> None:
+    r = replica("a")
+    b = balancer(r, replica("b"))
+    r.in_flight = 1
+    b.done(r, 5.0, free_slot=False)  # 5 s, most of it in the server's queue
+    assert r.latency.service_ms is None and r.in_flight == 0
+    r.in_flight = 1
+    b.done(r, 0.4)
+    assert r.latency.service_ms == 400.0
+
+
 def test_weights_scale_load() -> None:
     big = replica("a", holds=PROMPT, in_flight=20, weight=2.0)
     b = balancer(big, replica("b"), **MS)
@@ -124,6 +155,20 @@ def test_a_slow_replica_keeps_its_warm_follow_ups_and_loses_new_conversations() 
     # a new conversation pays the slow replica's 300 ms on each of its ~4 turns: 1200 > 1024
     assert b.latency.turns_per_session == pytest.approx(4.0, rel=0.2)
     assert b.choose(PROMPT, 0.0, first_turn=True).replica is fast
+
+
+def test_a_follow_up_moved_off_a_full_replica_does_not_land_on_the_slow_one() -> None:
+    slow, fast, full = replica("slow"), replica("fast"), replica("full", holds=PROMPT)
+    b = balancer(slow, fast, full, **MS)
+    for _ in range(FIXED_SAMPLES):
+        b.first_token(Choice(slow, 0, 0, "affinity", 0.0), 0.320)
+        for r in (fast, full):
+            b.first_token(Choice(r, 0, 0, "affinity", 0.0), 0.020)
+    full.in_flight = 24  # 17 slot turns of 125 ms: 2125 ms of waiting against 1024 of recompute
+    # both others recompute it all (1024 ms); the slow one adds its 300 ms: the fast one wins
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is fast
+    fast.in_flight = 1  # less busy no longer breaks the tie the slow one's excess decides
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is fast
 
 
 @pytest.mark.parametrize(
