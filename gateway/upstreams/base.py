@@ -228,8 +228,9 @@ class EventStream(Protocol):
 
 
 class Upstream(Protocol):
-    """The one contract between the gateway and an upstream kind (`openai`, `anthropic`,
-    `local`). The proxy, the app and passthrough use nothing else of an upstream."""
+    """The one contract between the gateway and an upstream kind (`openai`, `azure`,
+    `anthropic`, `gemini`, `vertex`, `bedrock`, `local`, and the replicated and pd routes). The
+    proxy, the app and passthrough use nothing else of an upstream."""
 
     route: Route
 
