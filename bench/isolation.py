@@ -256,7 +256,7 @@ def gateway_env(
         **(
             {
                 "FIRSTTOKEN_REDIS_URL": redis_url,
-                "FIRSTTOKEN_METRICS_KEY_PREFIX": f"iso{os.getpid()}",
+                "FIRSTTOKEN_METRICS_KEY_PREFIX": run_key_prefix(),
             }
             if redis_url
             else {}
@@ -470,7 +470,23 @@ def run(
     finally:
         for proc in reversed(procs):
             stop(proc)
+        if args.redis_url:
+            forget_run_keys(args.redis_url)
     return alone_rounds, attacks, list(log_tail)
+
+
+def forget_run_keys(redis_url: str) -> None:
+    """Delete what this run's gateway wrote to a shared Redis (its own key prefix only)."""
+    import redis
+
+    with redis.Redis.from_url(redis_url) as client:
+        keys = list(client.scan_iter(match=f"{run_key_prefix()}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+
+
+def run_key_prefix() -> str:
+    return f"iso{os.getpid()}"
 
 
 def report(
