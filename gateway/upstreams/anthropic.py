@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +19,7 @@ from gateway.paths import PassPath
 from gateway.sse import (
     DEFAULT_MAX_EVENT_BYTES,
     DONE,
-    EventTooLarge,
     SSEEvent,
-    SSEParser,
     encode_data,
 )
 from gateway.translation.anthropic import (
@@ -41,11 +39,11 @@ from gateway.upstreams.base import (
     UpstreamError,
     client_error,
     encode_body,
-    event_too_large,
     no_forward,
     relayed_headers,
 )
 from gateway.upstreams.http import RemoteUpstream, json_object_body
+from gateway.upstreams.translated_stream import TranslatedEventStream
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -207,7 +205,7 @@ def anthropic_completed(
     )
 
 
-class AnthropicEventStream:
+class AnthropicEventStream(TranslatedEventStream):
     """Anthropic SSE -> OpenAI chunks. Usage is always requested from the translator, so the
     proxy learns token counts; it strips the usage chunk when the client did not ask for it.
 
@@ -222,33 +220,13 @@ class AnthropicEventStream:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         route: str = "anthropic",
     ) -> None:
-        self._resp = resp
+        super().__init__(resp, max_event_bytes, route)
         self._translator = translator
-        self._max_event_bytes = max_event_bytes
-        self._route = route
-        self.relayed = relayed_headers(resp.raw_headers)
 
-    async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        parser = SSEParser(self._max_event_bytes)
-        async for chunk in self._resp.content.iter_any():
-            try:
-                events = parser.feed(chunk)
-            except EventTooLarge as exc:
-                out, ended = self._translate(exc.events)
-                if out:
-                    yield out
-                if ended:
-                    return
-                raise event_too_large(self._route, exc.limit) from None
-            out, ended = self._translate(events)
-            if out:
-                yield out
-            if ended:
-                return
-        out, ended = self._translate(parser.flush())
+    def _finish(self, out: list[OutEvent], ended: bool) -> list[OutEvent]:
         if not ended:
             out.append(self._error("the upstream stream ended before message_stop"))
-        yield out
+        return out
 
     def _translate(self, events: list[SSEEvent]) -> tuple[list[OutEvent], bool]:
         """OpenAI events for these Anthropic events, and whether the stream is over."""
@@ -279,13 +257,6 @@ class AnthropicEventStream:
                 out.append(OutEvent(DONE, done=True))
                 return out, True
         return out, False
-
-    def _error(self, message: str) -> OutEvent:
-        return OutEvent.failure(f"route {self._route!r}: {message}")
-
-    async def aclose(self) -> None:
-        if not self._resp.closed:
-            self._resp.close()
 
 
 def _epoch(created_at: object) -> int:

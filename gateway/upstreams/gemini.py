@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -22,7 +22,7 @@ import orjson
 
 from gateway.config.routes import Route
 from gateway.paths import PassPath
-from gateway.sse import DONE, EventTooLarge, SSEEvent, SSEParser, encode_data
+from gateway.sse import DONE, SSEEvent, encode_data
 from gateway.translation.gemini import (
     GeminiStreamTranslator,
     TranslationError,
@@ -38,11 +38,11 @@ from gateway.upstreams.base import (
     UpstreamError,
     client_error,
     encode_body,
-    event_too_large,
     no_forward,
     relayed_headers,
 )
 from gateway.upstreams.http import RemoteUpstream, UpstreamHttp, json_object_body
+from gateway.upstreams.translated_stream import TranslatedEventStream
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -204,7 +204,7 @@ class GeminiUpstream(RemoteUpstream):
         return await self._call(ctx).complete(body, ctx, {})
 
 
-class GeminiEventStream:
+class GeminiEventStream(TranslatedEventStream):
     """Gemini SSE (`data: {GenerateContentResponse}` per event) -> OpenAI chunks. Usage always
     comes out last (the proxy strips it when the client did not ask), then `[DONE]`.
 
@@ -219,42 +219,20 @@ class GeminiEventStream:
         max_event_bytes: int,
         route: str,
     ) -> None:
-        self._resp = resp
+        super().__init__(resp, max_event_bytes, route)
         self._translator = translator
-        self._max_event_bytes = max_event_bytes
-        self._route = route
-        self.relayed = relayed_headers(resp.raw_headers)
 
-    async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        parser = SSEParser(self._max_event_bytes)
-        async for chunk in self._resp.content.iter_any():
-            try:
-                events = parser.feed(chunk)
-            except EventTooLarge as exc:
-                out, failed = self._translate(exc.events)
-                if out:
-                    yield out
-                if failed:
-                    return
-                raise event_too_large(self._route, exc.limit) from None
-            out, failed = self._translate(events)
-            if out:
-                yield out
-            if failed:
-                return
-        out, failed = self._translate(parser.flush())
-        if failed:
-            yield out
-            return
+    def _finish(self, out: list[OutEvent], ended: bool) -> list[OutEvent]:
+        if ended:
+            return out
         if not self._translator.finished:
             out.append(self._error("the upstream stream ended before a finish reason"))
-            yield out
-            return
+            return out
         usage = self._translator.usage_chunk()
         if usage is not None:
             out.append(OutEvent.of_chunk(usage))
         out.append(OutEvent(DONE, done=True))
-        yield out
+        return out
 
     def _translate(self, events: list[SSEEvent]) -> tuple[list[OutEvent], bool]:
         """OpenAI events for these Gemini events, and whether the stream failed."""
@@ -280,10 +258,3 @@ class GeminiEventStream:
                 return out, True
             out.extend(OutEvent.of_chunk(c) for c in chunks)
         return out, False
-
-    def _error(self, message: str) -> OutEvent:
-        return OutEvent.failure(f"route {self._route!r}: {message}")
-
-    async def aclose(self) -> None:
-        if not self._resp.closed:
-            self._resp.close()
