@@ -14,8 +14,10 @@ class BoundedLRU(Generic[V]):
     """Least-recently-used map; evicts oldest entries once either bound is exceeded.
 
     The weight bound matters because keys are prompt texts: a count of entries alone would
-    let a few huge documents pin hundreds of megabytes. A lock makes it safe to share with the
-    gateway's heavy-work threads, which run policies on big bodies off the event loop.
+    let a few huge documents pin hundreds of megabytes. It is shared with the gateway's
+    heavy-work threads, which run policies on big bodies off the event loop: writes take a lock;
+    a read does not (it runs on every request, several times, and each of its two dictionary
+    steps is atomic; an entry evicted between them is simply returned once more).
     """
 
     def __init__(self, max_entries: int, max_weight: int) -> None:
@@ -29,12 +31,14 @@ class BoundedLRU(Generic[V]):
         return len(self._items)
 
     def get(self, key: Hashable) -> V | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
+        item = self._items.get(key)
+        if item is None:
+            return None
+        try:
             self._items.move_to_end(key)
-            return item[0]
+        except KeyError:  # evicted by another thread just now
+            pass
+        return item[0]
 
     def put(self, key: Hashable, value: V, weight: int) -> None:
         if weight > self.max_weight:

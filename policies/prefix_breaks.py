@@ -40,6 +40,7 @@ from policies.diagnostics import (
     PrefixFingerprints,
     first_changed_char,
 )
+from policies.lru import BoundedLRU
 
 HISTORY = 8  # recent requests kept per family
 MAX_HISTORY_BYTES = 256 * 1024  # a family's blob; the oldest requests go first
@@ -47,6 +48,9 @@ MAX_NAMED = 8  # changed blocks named in one header; the count says how many mor
 ANCHOR_KINDS = frozenset({"tools", "params", "system"})
 _MAGIC = b"FTH1"
 _ENTRY_HEAD = struct.Struct("<HI")
+# A family's blob comes back on each of its requests, most often the very blob its previous
+# request stored: decoded histories are kept by their bytes (they are immutable).
+_decoded_histories: BoundedLRU[tuple[RecordedRequest, ...]] = BoundedLRU(10_000, 16_000_000)
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,16 @@ def decode_history(blob: bytes | None) -> list[RecordedRequest]:
     request sharing its anchor, and anything unreadable as no history."""
     if not blob:
         return []
+    blob = bytes(blob)  # a store may hand back a memoryview or bytearray
+    known = _decoded_histories.get(blob)
+    if known is not None:
+        return list(known)
+    history = _decode_history(blob)
+    _decoded_histories.put(blob, tuple(history), len(blob))
+    return history
+
+
+def _decode_history(blob: bytes) -> list[RecordedRequest]:
     try:
         if blob[:4] != _MAGIC:
             prints = PrefixFingerprints.from_bytes(blob)

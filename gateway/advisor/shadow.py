@@ -97,14 +97,18 @@ class CacheAdvisor:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.max_per_s)
         self._refilled = now
-        cpu = time.process_time()
-        earned = (cpu - self._cpu_seen) * self.cpu_share
-        self._cpu_budget = min(CPU_BURST_S, self._cpu_budget + earned)
-        self._cpu_seen = cpu
         if self._busy or self._tokens < 1:
             return False
-        if self.cpu_share < 1 and self._cpu_budget <= 0:
-            return False
+        if self.cpu_share < 1:
+            # The process's CPU clock is read only for a request the rate would admit (at most
+            # `max_per_s` times a second, not on every request): the budget it earns is the
+            # same, since it accrues from the clock's difference between two readings.
+            cpu = time.process_time()
+            earned = (cpu - self._cpu_seen) * self.cpu_share
+            self._cpu_budget = min(CPU_BURST_S, self._cpu_budget + earned)
+            self._cpu_seen = cpu
+            if self._cpu_budget <= 0:
+                return False
         self._tokens -= 1
         return True
 

@@ -109,8 +109,17 @@ class OutEvent:
         if not isinstance(chunk, dict):
             self.malformed = True
             return self
+        self.chunk = chunk
+        choices = chunk.get("choices")
+        if chunk.get("usage") is None and type(choices) is list and len(choices) == 1:
+            # What a model streams: one choice's delta and no usage (read with fewer steps,
+            # as this runs for every token).
+            choice = choices[0]
+            if type(choice) is dict and "usage" not in choice:
+                self.content = choice_has_content(choice)
+                self.finish = bool(choice.get("finish_reason"))
+                return self
         if "error" in chunk and "choices" not in chunk:
-            self.chunk = chunk
             self.error = True
             return self
         fixed = with_chat_usage(chunk)
@@ -343,18 +352,21 @@ def chunk_has_content(chunk: dict) -> bool:
     """True for a chunk a user would see: text, a tool-call delta or reasoning (not role-only)."""
     choices = chunk.get("choices")
     for choice in choices if isinstance(choices, list) else ():
-        if not isinstance(choice, dict):
-            continue
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content")
-            or delta.get("tool_calls")
-            or delta.get("reasoning_content")
-            or delta.get("reasoning")
-            or delta.get("function_call")
-            or delta.get("refusal")
-        ):
+        if isinstance(choice, dict) and choice_has_content(choice):
             return True
     return False
+
+
+def choice_has_content(choice: dict) -> bool:
+    """`chunk_has_content` for one choice of a chunk."""
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and bool(
+        delta.get("content")
+        or delta.get("tool_calls")
+        or delta.get("reasoning_content")
+        or delta.get("reasoning")
+        or delta.get("function_call")
+        or delta.get("refusal")
+    )

@@ -241,3 +241,26 @@ async def test_redis_store_keeps_advice_across_processes_and_caps_families(redis
     finally:
         for store in stores:
             await store.aclose()
+
+
+async def test_the_process_clock_is_read_only_for_a_request_the_rate_would_admit(monkeypatch):
+    # Reading the process's CPU clock on every request was a cost of its own on a busy loop:
+    # a request the rate limit turns away must not read it.
+    import gateway.advisor.shadow as shadow
+
+    telemetry = _telemetry()
+    advisor = advisor_for(telemetry)
+    advisor.max_per_s, advisor.burst = 1e-9, 1.0  # one evaluation, then none for ages
+    readings = []
+    real = shadow.time.process_time
+    monkeypatch.setattr(shadow.time, "process_time", lambda: readings.append(1) or real())
+    chain = build_chain(DEFAULT_POLICIES, {})
+    ctx = PolicyContext("chat", "openai", "gpt-4.1", "t")
+    rng = random.Random(5)
+    for turn in range(10):
+        result = chain.transform(_body(rng, turn, shuffle_tools=False), ctx).measure()
+        observe_cache_advice(telemetry, "t", result)
+        while advisor._tasks:
+            await asyncio.gather(*advisor._tasks)
+    assert advisor.evaluated == 1 and advisor.skipped == 9
+    assert len(readings) == 1

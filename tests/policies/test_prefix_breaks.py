@@ -146,3 +146,13 @@ def test_a_request_that_stops_inside_the_shared_turns_is_not_a_break():
     # The second request repeats the first's "two"; the third stops before it.
     *_, shorter = replay(request(*turns[:3]), request(*turns), request(*turns[:2]))
     assert named(shorter) == []
+
+
+def test_a_decoded_history_is_the_callers_own_to_extend():
+    # Histories are kept decoded by their bytes: what one request appends must not show up
+    # in the next request's read of the same blob.
+    blob = encode_history([RecordedRequest(prints(request(user("one"))), 4)])
+    first = decode_history(blob)
+    first.append(RecordedRequest(prints(request(user("two"))), 4))
+    assert len(decode_history(blob)) == 1
+    assert decode_history(bytearray(blob)) == decode_history(blob)
