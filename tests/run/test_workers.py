@@ -127,32 +127,39 @@ def test_two_workers_share_the_port_redis_a_restart_and_a_clean_stop(two_workers
         chat(url)
     # (a) both workers served some of the 40 fresh connections
     counts = served_by(serve)
-    assert set(counts) == set(first.values()), counts
-    assert sum(counts.values()) == 40
+    assert set(counts) == set(first.values()), (counts, serve.log()[-3000:])
+    assert sum(counts.values()) == 40, (counts, serve.log()[-3000:])
 
     # (b) the TTFT figures of both workers, read through whichever answers: shared in Redis
-    deadline = time.monotonic() + 10
+    # (each worker flushes on its own timer, which a loaded machine may run late)
+    deadline = time.monotonic() + 30
     while True:
         routes = httpx.get(url + "/v1/metrics/ttft", timeout=10).json()["routes"]
         total = sum(r["count"] for r in routes)
         if total >= 40 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert total == 40
+    assert total == 40, (routes, serve.log()[-3000:])
 
     # (c) a worker killed outright is started again, and requests keep succeeding meanwhile
     victim = first[1]
     os.kill(victim, signal.SIGKILL)
+    # Until the kernel has torn the victim down, a new connection may still be queued on its
+    # listening socket and then reset with it: that is the crash itself, not what is tested.
+    deadline = time.monotonic() + 30
+    while alive(victim):
+        assert time.monotonic() < deadline, serve.log()[-3000:]
+        time.sleep(0.01)
     for _ in range(5):
         chat(url)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while serve.started()[1] == victim:
         assert time.monotonic() < deadline, serve.log()[-3000:]
         time.sleep(0.05)
-    assert f"worker 1 (pid {victim}) died (killed by SIGKILL)" in serve.log()
+    assert f"worker 1 (pid {victim}) died (killed by SIGKILL)" in serve.log(), serve.log()[-3000:]
     successor = serve.started()[1]
     assert not alive(victim)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while served_by(serve)[successor] == 0:  # the new worker takes its share once it listens
         assert time.monotonic() < deadline, serve.log()[-3000:]
         chat(url)
@@ -161,7 +168,7 @@ def test_two_workers_share_the_port_redis_a_restart_and_a_clean_stop(two_workers
     workers = [first[2], successor]
     serve.proc.send_signal(signal.SIGTERM)
     assert serve.proc.wait(40) == 0, serve.log()[-3000:]
-    assert not [pid for pid in workers if alive(pid)]
+    assert not [pid for pid in workers if alive(pid)], serve.log()[-3000:]
 
 
 def test_a_local_route_is_refused_with_several_workers():
