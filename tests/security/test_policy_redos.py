@@ -32,7 +32,9 @@ CHAIN = build_chain(
 )
 BIG = 200_000  # characters of adversarial text per case
 SMALL = 300
-LIMIT_S = 2.0  # generous for a loaded two-core machine; the old rules took minutes
+# CPU seconds of the test's own thread, which other processes' load does not inflate as it
+# does wall time; generous still, the old rules took minutes.
+LIMIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,9 @@ def _body(case: Case, text: str) -> dict:
 
 def _transformed_text(case: Case, text: str) -> tuple[str, float]:
     body = _body(case, text)
-    start = time.perf_counter()
+    start = time.thread_time()
     result = CHAIN.transform(body, CTX)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     index = 2 if case.role == "tool" else 0
     return content_text(result.body["messages"][index]["content"]), elapsed
 
@@ -214,7 +216,7 @@ def test_an_adversarial_text_is_transformed_quickly_and_as_before(case: Case):
     assert _transformed_text(case, small)[0] == case.expected(SMALL)
     text, elapsed = _transformed_text(case, case.make(BIG))
     assert text == case.expected(BIG)
-    assert elapsed < LIMIT_S, f"{case.name}: {elapsed:.2f} s"
+    assert elapsed < LIMIT_S, f"{case.name}: {elapsed:.2f} s of CPU"
 
 
 def test_the_volatile_note_names_the_values_of_a_long_prompt():
@@ -227,9 +229,9 @@ def test_a_million_spaces_are_counted_not_a_tokenizer_panic():
     """tiktoken's pre-tokenizer panics (a BaseException) on a run of about a million spaces."""
     text = " " * 1_100_000 + "x"
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": text}]}
-    start = time.perf_counter()
+    start = time.thread_time()
     result = CHAIN.transform(body, CTX).measure()
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     assert 1_000 < result.prompt_tokens_before < 100_000
     assert result.prompt_tokens_after == result.prompt_tokens_before  # no line end: spaces kept
-    assert elapsed < 3 * LIMIT_S, f"{elapsed:.2f} s"
+    assert elapsed < 3 * LIMIT_S, f"{elapsed:.2f} s of CPU"
