@@ -111,14 +111,19 @@ async def stream_chat(
     return ttft, engine, "".join(parts)
 
 
-async def run_workload(url: str, workload: Workload, engines: list[str], args) -> list[Turn]:
+async def run_workload(
+    url: str, workload: Workload, engines: list[str], args
+) -> tuple[list[Turn], list[dict]]:
+    """Every turn of the workload through `url`, and the engines' `/stats` when e0 slowed."""
     turns: list[Turn] = []
+    at_slowdown: list[dict] = []
     began = time.perf_counter()
     deadline = began + args.seconds  # no turn starts later (nor is one measured)
     slowed = asyncio.Event()
 
     async def slow_down() -> None:
         await asyncio.sleep(args.seconds * 0.6)
+        at_slowdown.extend(get_json(e + "/stats") for e in engines)
         control(engines[0], {"extra_ms": SLOW_EXTRA_MS})
         slowed.set()
 
@@ -146,7 +151,7 @@ async def run_workload(url: str, workload: Workload, engines: list[str], args) -
             *(session(i, *s) for i, s in enumerate(workload.sessions)), return_exceptions=True
         )
         slower.cancel()
-    return turns
+    return turns, at_slowdown
 
 
 async def low_load_ttft(url: str, n: int) -> float:
@@ -268,14 +273,40 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         for e in engines:
             control(e, {"reset": True})
         cpu_before = tree_cpu_s(router.pid)
-        turns = asyncio.run(run_workload(url, workload, engines, args))
+        turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
         failures = tenant_failures(url) if variant.balance == "prefix_affinity" else None
     finally:
         if router is not None:
             stop_tree(router)
-    return summarize(turns, stats, direct, routed, cpu, failures, args)
+    result = summarize(turns, stats, direct, routed, cpu, failures, args)
+    result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
+    return result
+
+
+def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:
+    """Cached share of prompt tokens before e0 slowed and after, overall and per engine."""
+
+    def share(cached: float, prompt: float) -> float | None:
+        return round(cached / prompt, 4) if prompt else None
+
+    out: dict = {}
+    if len(at_slowdown) != len(stats):
+        return out
+    for i, (end, mid) in enumerate(zip(stats, at_slowdown, strict=True)):
+        out[f"e{i}"] = {
+            "before": share(mid["cached_tokens"], mid["prompt_tokens"]),
+            "after": share(
+                end["cached_tokens"] - mid["cached_tokens"],
+                end["prompt_tokens"] - mid["prompt_tokens"],
+            ),
+            "prompt_tokens": end["prompt_tokens"],
+        }
+    mid_c, mid_p = (sum(s[k] for s in at_slowdown) for k in ("cached_tokens", "prompt_tokens"))
+    end_c, end_p = (sum(s[k] for s in stats) for k in ("cached_tokens", "prompt_tokens"))
+    out["all"] = {"before": share(mid_c, mid_p), "after": share(end_c - mid_c, end_p - mid_p)}
+    return out
 
 
 def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
@@ -287,11 +318,13 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
     new = [t for t in ok if t.index == 0 and slow <= t.started < slow + window]
     previous: dict[int, str | None] = {}
     moved = 0
+    moves = []  # (started s, turn, from, to, ttft ms)
     slowest = []
     for t in sorted(turns, key=lambda t: (t.session, t.index)):
         before = previous.get(t.session)
         if t.index > 0 and t.started >= slow and t.engine and before and t.engine != before:
             moved += 1
+            moves.append((round(t.started, 1), t.index, before, t.engine, round(t.ttft_ms or 0)))
         if t.started >= slow and t.ttft_ms is not None:
             slowest.append((round(t.ttft_ms), t.engine, before, t.index, round(t.started, 1)))
         previous[t.session] = t.engine
@@ -313,6 +346,7 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "router_cpu_s_per_1000": 1000 * cpu / max(1, len(turns)),
         "served": {s_name: sum(1 for t in ok if t.engine == s_name) for s_name in _names(args)},
         "tenant_failures": failures,
+        "moves_after_slowdown": moves[:40],
         "slowest_after_slowdown": sorted(slowest, key=lambda x: -x[0])[
             :12
         ],  # ttft, on, was on, turn

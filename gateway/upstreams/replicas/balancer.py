@@ -91,13 +91,16 @@ class ReplicaState:
     health: ReplicaHealth = field(default_factory=lambda: ReplicaHealth(HealthPolicy()))
     latency: ReplicaLatency = field(default_factory=ReplicaLatency)
 
-    @property
-    def load(self) -> int:
-        return self.in_flight + (self.queue or 0)
-
-    @property
-    def relative_load(self) -> float:
-        return self.load / self.weight
+    def others_waiting(self, cap: float) -> float:
+        """The waiting requests the server reported that are not this gateway's: its report
+        counts the gateway's own requests past the `cap` slots too (in flight here, waiting
+        there), which `in_flight` already holds. A report up to a read interval old is set
+        against the gateway's in-flight of then, not of now: requests of its own that have
+        since started (or ended) are not taken for others' still waiting."""
+        if not self.queue:
+            return 0.0
+        own = self.in_flight if self.in_flight_at_report is None else self.in_flight_at_report
+        return max(0.0, self.queue - max(0.0, own - cap))
 
 
 @dataclass
@@ -193,7 +196,7 @@ class Balancer:
         self, healthy: list[ReplicaState], blocks: list[bytes], chars: int, first_turn: bool
     ) -> Choice:
         total = len(blocks)
-        turns = self.latency.turns_per_session if first_turn else 1.0
+        turns = self.latency.turns_per_session
         prefill = self.latency.prefill_ms_per_token
         first = blocks[0] if total else b""
         seen = [r.latency for r in self.replicas]
@@ -203,14 +206,15 @@ class Balancer:
         home = max(matches) if matches else 0
         for r, matched in zip(healthy, matches, strict=True):
             # a follow-up pays no excess where its history is (already paid: it stays), but
-            # moving it onto a slower replica costs that replica's excess
+            # moving it onto a slower replica costs that replica's excess on every turn it will
+            # have there (it stays there from then on), as a new conversation does
             counts = first_turn or not home or matched < home
             excess = self.latency.excess_ms(r.latency, seen) if counts else 0.0
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
             key = (cost, -matched, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
-        least = min(healthy, key=_load_order)
+        least = min(healthy, key=lambda r: (self.relative_load(r), r.name))
         if first_turn and least is not picked and self._too_uneven(picked, least):
             return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
@@ -225,11 +229,14 @@ class Balancer:
         the gateway's requests of then, not of now: requests of its own that have since
         started (or ended) are not taken for others' still waiting."""
         cap = self.options.slots * r.weight
-        ahead = float(r.in_flight)
-        if r.queue:  # others' waiting requests: the reported queue less this gateway's own then
-            own = r.in_flight if r.in_flight_at_report is None else r.in_flight_at_report
-            ahead += max(0.0, r.queue - max(0.0, own - cap))
+        ahead = r.in_flight + r.others_waiting(cap)
         return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
+
+    def relative_load(self, r: ReplicaState) -> float:
+        """Requests on `r` per unit of weight, as far as this gateway knows: its own in flight
+        (running there or waiting in its queue) plus others' waiting; the gateway's own waiting
+        requests are in both the server's report and `in_flight`, and count once."""
+        return (r.in_flight + r.others_waiting(self.options.slots * r.weight)) / r.weight
 
     def _service_ms(self, r: ReplicaState) -> float:
         if r.latency.service_ms is not None:
@@ -240,7 +247,7 @@ class Balancer:
     def _busy(self, r: ReplicaState) -> float:
         """Among choices of equal cost, the less busy: load per slot, a full KV cache counting
         as half a set of slots more."""
-        busy = r.relative_load / self.options.slots
+        busy = self.relative_load(r) / self.options.slots
         return busy + KV_USAGE_WEIGHT * r.kv_usage if r.kv_usage else busy
 
     def _least_loaded(self, healthy: list[ReplicaState]) -> ReplicaState:
@@ -248,10 +255,10 @@ class Balancer:
         self._turn += 1
         n = len(healthy)
         order = {r.name: (i - self._turn) % n for i, r in enumerate(healthy)}
-        return min(healthy, key=lambda r: (r.relative_load, order[r.name]))
+        return min(healthy, key=lambda r: (self.relative_load(r), order[r.name]))
 
     def _too_uneven(self, picked: ReplicaState, least: ReplicaState) -> bool:
-        hot, cold = picked.relative_load, least.relative_load
+        hot, cold = self.relative_load(picked), self.relative_load(least)
         opts = self.options
         return hot - cold >= opts.imbalance_abs and hot >= opts.imbalance_ratio * (cold + 1)
 
@@ -303,10 +310,6 @@ def _uncached_tokens(chars: int, matched_blocks: int) -> float:
 
 def _rendezvous(block: bytes, name: str) -> bytes:
     return hashlib.blake2b(block + name.encode(), digest_size=8).digest()
-
-
-def _load_order(r: ReplicaState) -> tuple[float, str]:
-    return (r.relative_load, r.name)
 
 
 def _failure_order(r: ReplicaState) -> tuple[float, str]:
