@@ -43,6 +43,7 @@ import orjson
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import ROOT, free_port, start_gateway, stop, stop_tree, tree_cpu_s, wait_http
+from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
@@ -56,6 +57,7 @@ class Turn:
     started: float  # seconds since the run began
     ttft_ms: float | None
     engine: str | None
+    tenant: int = -1
 
 
 @dataclass
@@ -112,11 +114,14 @@ async def stream_chat(
 
 
 async def run_workload(
-    url: str, workload: Workload, engines: list[str], args
+    url: str, workload: Workload, engines: list[str], args, costs: list | None = None
 ) -> tuple[list[Turn], list[dict]]:
-    """Every turn of the workload through `url`, and the engines' `/stats` when e0 slowed."""
+    """Every turn of the workload through `url`, and the engines' `/stats` when e0 slowed; with
+    `costs`, the gateway's cost terms are appended to it each second after the slowdown."""
     turns: list[Turn] = []
     at_slowdown: list[dict] = []
+    costs_url = None if costs is None else url.rsplit("/v1/", 1)[0] + "/v1/metrics/ttft"
+    costs = [] if costs is None else costs
     began = time.perf_counter()
     deadline = began + args.seconds  # no turn starts later (nor is one measured)
     slowed = asyncio.Event()
@@ -139,18 +144,34 @@ async def run_workload(
                 ttft, engine, answer = await stream_chat(http, url, messages)
             except (aiohttp.ClientError, TimeoutError):
                 ttft, engine, answer = None, None, ""
-            turns.append(Turn(i, k, started, ttft, engine))
+            turns.append(Turn(i, k, started, ttft, engine, tenant))
             messages.append({"role": "assistant", "content": answer or "ok"})
             await asyncio.sleep(workload.think_s[i][k])
+
+    async def watch_costs() -> None:  # the gateway's cost terms each second after the slowdown
+        await slowed.wait()
+        while time.perf_counter() < deadline:
+            try:
+                async with http.get(costs_url) as resp:
+                    fleet = (await resp.json())["replicas"]["fleet"]
+                costs.append(
+                    (round(time.perf_counter() - began, 1), fleet["cost"], fleet["replicas"])
+                )
+            except (aiohttp.ClientError, KeyError, TimeoutError):
+                pass
+            await asyncio.sleep(1.0)
 
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         slower = asyncio.ensure_future(slow_down())
+        watcher = asyncio.ensure_future(watch_costs()) if costs_url else None
         await asyncio.gather(
             *(session(i, *s) for i, s in enumerate(workload.sessions)), return_exceptions=True
         )
         slower.cancel()
+        if watcher is not None:
+            watcher.cancel()
     return turns, at_slowdown
 
 
@@ -218,8 +239,10 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
             "load_metrics": "vllm",
             "load_interval_s": 0.5,
             # sized near what an engine holds, as the README advises: 16-token blocks of
-            # ~6-character words, in 256-character index blocks of 160 bytes each
-            "affinity_index_bytes": max(64 * 1024, args.cache_blocks * 16 * 6 // 256 * 160),
+            # ~6-character words, in 256-character index blocks of ENTRY_BYTES each
+            "affinity_index_bytes": max(
+                64 * 1024, args.cache_blocks * 16 * 6 // BLOCK_CHARS * ENTRY_BYTES
+            ),
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
@@ -273,7 +296,8 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         for e in engines:
             control(e, {"reset": True})
         cpu_before = tree_cpu_s(router.pid)
-        turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args))
+        costs: list | None = [] if variant.kind == "gateway" else None
+        turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
         failures = tenant_failures(url) if variant.balance == "prefix_affinity" else None
@@ -282,7 +306,23 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
             stop_tree(router)
     result = summarize(turns, stats, direct, routed, cpu, failures, args)
     result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
+    result["engines_per_tenant"] = engines_per_tenant(turns, args)
+    result["costs_after_slowdown"] = costs
     return result
+
+
+def engines_per_tenant(turns: list[Turn], args) -> dict:
+    """How many engines served each tenant's first turns, on average, before e0 slowed and
+    after (1.0: every tenant's system prompt computed on one engine only)."""
+    slow = 0.6 * args.seconds
+    out = {}
+    for phase, keep in (("before", lambda t: t < slow), ("after", lambda t: t >= slow)):
+        seen: dict[int, set[str]] = {}
+        for t in turns:
+            if t.index == 0 and t.engine and keep(t.started):
+                seen.setdefault(t.tenant, set()).add(t.engine)
+        out[phase] = round(sum(map(len, seen.values())) / len(seen), 2) if seen else None
+    return out
 
 
 def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:
@@ -295,12 +335,13 @@ def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:
     if len(at_slowdown) != len(stats):
         return out
     for i, (end, mid) in enumerate(zip(stats, at_slowdown, strict=True)):
+        after_prompt = end["prompt_tokens"] - mid["prompt_tokens"]
+        system = end.get("uncached_system_tokens", 0) - mid.get("uncached_system_tokens", 0)
         out[f"e{i}"] = {
             "before": share(mid["cached_tokens"], mid["prompt_tokens"]),
-            "after": share(
-                end["cached_tokens"] - mid["cached_tokens"],
-                end["prompt_tokens"] - mid["prompt_tokens"],
-            ),
+            "after": share(end["cached_tokens"] - mid["cached_tokens"], after_prompt),
+            # the share of prompt tokens after the slowdown lost to system prompts recomputed
+            "after_system_misses": share(system, after_prompt),
             "prompt_tokens": end["prompt_tokens"],
         }
     mid_c, mid_p = (sum(s[k] for s in at_slowdown) for k in ("cached_tokens", "prompt_tokens"))

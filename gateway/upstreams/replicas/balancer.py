@@ -200,18 +200,24 @@ class Balancer:
         prefill = self.latency.prefill_ms_per_token
         first = blocks[0] if total else b""
         seen = [r.latency for r in self.replicas]
-        best: tuple[float, int, float, bytes] | None = None
+        best: tuple[float, int, int, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
-        home = max(matches) if matches else 0
-        for r, matched in zip(healthy, matches, strict=True):
-            # a follow-up pays no excess where its history is (already paid: it stays), but
-            # moving it onto a slower replica costs that replica's excess on every turn it will
-            # have there (it stays there from then on), as a new conversation does
-            counts = first_turn or not home or matched < home
-            excess = self.latency.excess_ms(r.latency, seen) if counts else 0.0
+        # when each replica was last sent the prefix it holds: of replicas holding as much, the
+        # one sent it last is where the conversation went on
+        recency = [
+            r.index.last_sent(blocks[m - 1]) if m else 0
+            for r, m in zip(healthy, matches, strict=True)
+        ]
+        home = self._home(healthy, matches, recency)
+        for r, matched, sent in zip(healthy, matches, recency, strict=True):
+            # a follow-up pays no excess at its home (already paid: it stays), but moving it
+            # onto a slower replica costs that replica's excess on every turn it will have
+            # there (it stays there from then on), as a new conversation does
+            stays = not first_turn and r is home
+            excess = 0.0 if stays else self.latency.excess_ms(r.latency, seen)
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
-            key = (cost, -matched, self._busy(r), _rendezvous(first, r.name))
+            key = (cost, -matched, -sent, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
         least = min(healthy, key=lambda r: (self.relative_load(r), r.name))
@@ -219,6 +225,21 @@ class Balancer:
             return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
         return self._choice(picked, blocks, chars, reason, picked_matched)
+
+    @staticmethod
+    def _home(
+        healthy: list[ReplicaState], matches: list[int], recency: list[int]
+    ) -> ReplicaState | None:
+        """The replica holding most of the prompt, the one sent it last among equals (None:
+        nobody holds any): a conversation's next turn holds all of its previous turn's prompt,
+        which a replica holding only the shared system prompt does not."""
+        top = max(matches, default=0)
+        if not top:
+            return None
+        held = [
+            (sent, i) for i, (m, sent) in enumerate(zip(matches, recency, strict=True)) if m == top
+        ]
+        return healthy[max(held)[1]]
 
     def wait_ms(self, r: ReplicaState) -> float:
         """How long a new request would wait for a slot on `r`, in ms: nothing while a slot is
@@ -300,8 +321,30 @@ class Balancer:
         if seconds is not None and free_slot:
             replica.latency.observe_service(1000.0 * seconds)
 
+    def costs(self) -> dict[str, object]:
+        """The cost function's terms as they stand, for operators: the route's prefill rate and
+        turns per conversation, and each replica's fixed part, excess, slot time and wait."""
+        seen = [r.latency for r in self.replicas]
+        return {
+            "prefill_ms_per_token": round(self.latency.prefill_ms_per_token, 4),
+            "turns_per_session": round(self.latency.turns_per_session, 2),
+            "replicas": {
+                r.name: {
+                    "fixed_ms": _rounded(r.latency.fixed_ms),
+                    "excess_ms": round(self.latency.excess_ms(r.latency, seen), 1),
+                    "service_ms": _rounded(r.latency.service_ms),
+                    "wait_ms": round(self.wait_ms(r), 1),
+                }
+                for r in self.replicas
+            },
+        }
+
     def by_name(self, name: str) -> ReplicaState:
         return self._by_name[name]
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def _uncached_tokens(chars: int, matched_blocks: int) -> float:

@@ -252,7 +252,12 @@ class ReplicatedUpstream:
 
     def snapshot(self) -> dict[str, Any]:
         replicas = self.pool.rows(time.monotonic())
-        return {"balance": self.route.balance, "replicas": replicas, "hedges": dict(self.hedges)}
+        return {
+            "balance": self.route.balance,
+            "replicas": replicas,
+            "hedges": dict(self.hedges),
+            "cost": self.balancer.costs(),
+        }
 
 
 class TrackedStream(MemberStream):

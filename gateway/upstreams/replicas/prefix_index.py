@@ -15,6 +15,7 @@ that differs from the engine's only loses part of one block.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from hashlib import blake2b
 from typing import Any
@@ -25,9 +26,11 @@ BLOCK_CHARS = 256  # ~64 tokens: fine enough to follow a chat turn, coarse enoug
 DIGEST_BYTES = 8
 # What one entry costs in the index, counted against max_bytes: the 8-byte digest plus CPython's
 # overhead for it (a bytes object of 8 bytes is 41 bytes; an OrderedDict slot and its link node
-# add about 100 more). 152 rounds an entry up to 160 bytes, so max_bytes is a real upper bound.
-ENTRY_OVERHEAD = 152
+# add about 100 more; the send order it maps to, an int shared by one prompt's blocks, 28 at
+# worst). 184 rounds an entry up to 192 bytes, so max_bytes is a real upper bound.
+ENTRY_OVERHEAD = 184
 ENTRY_BYTES = DIGEST_BYTES + ENTRY_OVERHEAD
+_SENDS = itertools.count(1)  # one order for every index of the process: comparable across them
 
 
 def prefix_blocks(text: str, seed: str = "", block_chars: int = BLOCK_CHARS) -> list[bytes]:
@@ -93,14 +96,17 @@ class PrefixIndex:
 
     `add` refreshes a prompt's blocks from the last to the first, so a prefix is always at least
     as recent as anything that extends it: eviction takes the tails of old prompts first (as
-    vLLM does) and a present block always has its whole chain present.
+    vLLM does) and a present block always has its whole chain present. Each block remembers
+    when it was last sent (`last_sent`, in an order shared by every index of the process), so
+    that of two replicas holding the same prefix the one that was sent it last, where its
+    conversation went on, can be told from the other.
     """
 
     def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
         if max_bytes < ENTRY_BYTES:
             raise ValueError(f"max_bytes must hold at least one entry ({ENTRY_BYTES} bytes)")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[bytes, None] = OrderedDict()
+        self._entries: OrderedDict[bytes, int] = OrderedDict()
 
     def matched(self, blocks: list[bytes]) -> int:
         """How many leading blocks are present (stops at the first miss). Does not refresh: a
@@ -113,14 +119,18 @@ class PrefixIndex:
             n += 1
         return n
 
+    def last_sent(self, block: bytes) -> int:
+        """When `block` was last sent here, in the process's order of sends (0: not held)."""
+        return self._entries.get(block, 0)
+
     def add(self, blocks: list[bytes]) -> None:
         """Insert or refresh every block, then evict the least recently used past max_bytes."""
         entries = self._entries
+        sent = next(_SENDS)
         for block in reversed(blocks):
             if block in entries:
                 entries.move_to_end(block)
-            else:
-                entries[block] = None
+            entries[block] = sent
         limit = self.max_bytes // ENTRY_BYTES
         while len(entries) > limit:
             entries.popitem(last=False)
