@@ -13,7 +13,7 @@ Modes (`BalanceOptions.mode`):
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
       first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
-      follow-up:   cost(r) = [r not home] * excess(r) + wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = [r not home] * turns * excess(r) + wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
@@ -22,29 +22,43 @@ Modes (`BalanceOptions.mode`):
                     the noise (the part all replicas share changes no choice)
       wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
                     (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
-                    requests the server reports beyond its own); each request holds a slot for
-                    service(r) ms, r's send-to-end time (requests that found a slot
-                    free); 0 while a slot is free
+                    requests the server reports beyond the gateway's own, `others_waiting`);
+                    each request holds a slot for service(r) ms, r's send-to-end time
+                    (requests that found a slot free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
-      home        = the replica(s) holding most of a follow-up's prompt
+      home        = the replica holding most of a follow-up's prompt; of several holding as
+                    much, the one sent it last (where the conversation went on: a replica that
+                    holds only the tenant's system prompt holds as much of a second turn whose
+                    first turn added no whole block)
 
-  A follow-up turn whose history is cached on r stays there unless waiting for a slot there
-  costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
-  on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
-  so a replica that became slow stops getting new conversations at once, while its warm ones
-  stay until it actually queues.
+  The rule in words: warm sessions stay, slow replicas shed new work. A follow-up turn stays
+  at its home unless waiting for a slot there costs more than recomputing its uncached part
+  elsewhere; where it would land, it pays that replica's excess on every turn it will have (it
+  stays there from then on), so a follow-up that leaves a full replica never lands on the slow
+  one. A new conversation pays r's excess on every turn it will have (a slow replica stays
+  slow) but its wait once (a queue drains), against one recompute of its shared prefix
+  elsewhere: a replica that became slow stops getting new conversations at once, while its
+  warm ones stay until it actually queues.
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
-  noisy answers must not scatter a conversation over equal costs), then to the less busy
-  (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
-  the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
-  chosen by the prefix itself, the same in every gateway process).
+  noisy answers must not scatter a conversation over equal costs), then to the one sent that
+  prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
+  copies warm on several replicas), then to the less busy (load per slot, plus half the KV
+  cache usage where reported), then to a rendezvous hash of the prompt's first block with the
+  replica's name (a prefix nobody holds lands on a replica chosen by the prefix itself, the
+  same in every gateway process).
+
+  Load (`relative_load`): the gateway's own in-flight requests (running on the server or
+  waiting in its queue) plus the others' waiting requests the server reports, per unit of
+  weight; the gateway's own waiting requests are in both and count once.
 
   Imbalance rule: if the replica the cost picks is, in load per unit of weight, at least
-  `imbalance_abs` requests above the least loaded healthy replica *and* at least
-  `imbalance_ratio` * (least + 1), load wins and the least loaded replica is taken (reason
-  "load"): the guard for estimates gone wrong, not the everyday balancer, and for first turns
-  only (a follow-up moves when its cost says so, never for load alone).
+  `imbalance_abs` requests above the least loaded healthy replica no slower than it (excess
+  no greater) *and* at least `imbalance_ratio` * (least + 1), load wins and that least loaded
+  replica is taken (reason "load"): the guard for the wait and prefill estimates gone wrong,
+  not the everyday balancer, and never a way back onto a replica measured slower (which is
+  idle because it sheds new work); for first turns only (a follow-up moves when its cost
+  says so, never for load alone).
 
 - ``least_loaded``: the lowest load(r)/weight(r), ties taken in turn.
 - ``round_robin``: smooth weighted round robin (nginx's) over the healthy replicas.
@@ -57,8 +71,8 @@ that never failed first) is tried (reason "only_unhealthy").
 `bench/fleet_http.py` against prefix-caching engines over HTTP (one slowed 300 ms mid-run).
 
 The index remembers what was sent, not what the engine kept: size `PrefixIndex.max_bytes` near
-the engine's KV capacity (160 bytes per 256-character block, ~64 tokens) where that is known;
-the default 4 MiB remembers ~1.7M tokens, more than most single replicas hold.
+the engine's KV capacity (192 bytes per 256-character block, ~64 tokens) where that is known;
+the default 4 MiB remembers ~1.4M tokens, more than most single replicas hold.
 """
 
 from __future__ import annotations
@@ -67,6 +81,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from gateway.upstreams.replicas.conversations import ConversationHomes
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
 from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN, FleetLatency, ReplicaLatency
 from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, PrefixIndex
@@ -124,6 +139,7 @@ class Choice:
     reason: str
     uncached_tokens: float = 0.0  # the picked replica's, as estimated when choosing
     free_slot: bool = True  # the picked replica had a slot free when chosen
+    conversation: int | None = None  # `conversation_key` of the request, when known
 
 
 class Balancer:
@@ -148,6 +164,7 @@ class Balancer:
         self._rr_current = {r.name: 0.0 for r in replicas}
         self._turn = 0
         self.latency = FleetLatency(options.prior_prefill_ms_per_token)
+        self.homes = ConversationHomes()
 
     def choose(
         self,
@@ -156,11 +173,13 @@ class Balancer:
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
         first_turn: bool = True,
+        conversation: int | None = None,
     ) -> Choice:
         """The replica for a prompt with these blocks (`prompt_chars` long; whole blocks when
         not given), the first turn of a conversation (or a request not known to follow one)
-        or a follow-up. Raises LookupError when
-        `exclude` leaves no replica at all (a hedge on a one-replica route)."""
+        or a follow-up, of `conversation` (a `conversation_key`) when known. Raises
+        LookupError when `exclude` leaves no replica at all (a hedge on a one-replica
+        route)."""
         allowed = [r for r in self.replicas if r.name not in exclude]
         if not allowed:
             raise LookupError("every replica is excluded")
@@ -176,7 +195,10 @@ class Balancer:
             return self._choice(self._round_robin(healthy), blocks, chars, "round_robin")
         if mode == "least_loaded":
             return self._choice(self._least_loaded(healthy), blocks, chars, "least_loaded")
-        return self._affinity(healthy, blocks, chars, first_turn)
+        known = None if first_turn or conversation is None else self.homes.get(conversation)
+        choice = self._affinity(healthy, blocks, chars, first_turn, known)
+        choice.conversation = conversation
+        return choice
 
     def _choice(
         self, r: ReplicaState, blocks: list[bytes], chars: int, reason: str, matched: int = -1
@@ -193,7 +215,12 @@ class Balancer:
         )
 
     def _affinity(
-        self, healthy: list[ReplicaState], blocks: list[bytes], chars: int, first_turn: bool
+        self,
+        healthy: list[ReplicaState],
+        blocks: list[bytes],
+        chars: int,
+        first_turn: bool,
+        known_home: str | None = None,
     ) -> Choice:
         total = len(blocks)
         turns = self.latency.turns_per_session
@@ -209,7 +236,9 @@ class Balancer:
             r.index.last_sent(blocks[m - 1]) if m else 0
             for r, m in zip(healthy, matches, strict=True)
         ]
-        home = self._home(healthy, matches, recency)
+        home = next((r for r in healthy if r.name == known_home), None) or self._home(
+            healthy, matches, recency
+        )
         for r, matched, sent in zip(healthy, matches, recency, strict=True):
             # a follow-up pays no excess at its home (already paid: it stays), but moving it
             # onto a slower replica costs that replica's excess on every turn it will have
@@ -220,9 +249,16 @@ class Balancer:
             key = (cost, -matched, -sent, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
-        least = min(healthy, key=lambda r: (self.relative_load(r), r.name))
-        if first_turn and least is not picked and self._too_uneven(picked, least):
-            return self._choice(least, blocks, chars, "load")
+        if first_turn:
+            # the guard against the wait and prefill estimates gone wrong, not against a
+            # measured slowdown: only replicas no slower than the pick may take the request
+            no_slower = self.latency.excess_ms(picked.latency, seen)
+            least = min(
+                (r for r in healthy if self.latency.excess_ms(r.latency, seen) <= no_slower),
+                key=lambda r: (self.relative_load(r), r.name),
+            )
+            if least is not picked and self._too_uneven(picked, least):
+                return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
         return self._choice(picked, blocks, chars, reason, picked_matched)
 
@@ -296,9 +332,12 @@ class Balancer:
         return picked
 
     def sent(self, choice: Choice, blocks: list[bytes]) -> None:
-        """The request went to `choice.replica`: it now holds (or soon will) these blocks."""
+        """The request went to `choice.replica`: it now holds (or soon will) these blocks, and
+        is the home of the request's conversation."""
         choice.replica.index.add(blocks)
         choice.replica.in_flight += 1
+        if choice.conversation is not None:
+            self.homes.placed(choice.conversation, choice.replica.name)
 
     def first_token(self, choice: Choice, seconds: float) -> None:
         """The request sent as `choice` had its first token after `seconds`: a sample of the

@@ -192,9 +192,12 @@ class ServerPool:
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
         first_turn: bool = True,
+        conversation: int | None = None,
     ) -> Choice:
         """The balancer's pick; `LookupError` when `exclude` leaves no member."""
-        return self.balancer.choose(blocks, time.monotonic(), exclude, prompt_chars, first_turn)
+        return self.balancer.choose(
+            blocks, time.monotonic(), exclude, prompt_chars, first_turn, conversation
+        )
 
     def sent(
         self, choice: Choice, blocks: list[bytes], placements: SharedPlacements | None

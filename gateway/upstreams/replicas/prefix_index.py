@@ -74,8 +74,13 @@ def prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
+def role_mark(role: object) -> str:
+    """How `prompt_text` marks the start of a message of `role`."""
+    return f"\x1e{role}\x1f"
+
+
 def _message_text(message: dict[str, Any], parts: list[str]) -> None:
-    parts.append(f"\x1e{message.get('role', '')}\x1f")
+    parts.append(role_mark(message.get("role", "")))
     content = message.get("content")
     if isinstance(content, str):
         parts.append(content)
