@@ -21,7 +21,11 @@ slowdown; e0's share of conversations that began in the 20 s after it; follow-up
 the slowdown served by another replica than their previous turn; router CPU per 1,000
 requests. After the prefix affinity run, one tenant sends 12 requests that fail (400s, 500s its
 own bodies cause) and `/readyz` must still show every replica healthy. Writes
-bench/results/fleet_http.json.
+bench/results/fleet_http.json, with what explains the figures: the cached share before and
+after the slowdown per engine (and the part lost to system prompts recomputed), how many
+engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
+the slowest turns after the slowdown, and with `--watch-costs` the gateway's cost terms each
+second after it.
 """
 
 from __future__ import annotations
@@ -296,7 +300,7 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         for e in engines:
             control(e, {"reset": True})
         cpu_before = tree_cpu_s(router.pid)
-        costs: list | None = [] if variant.kind == "gateway" else None
+        costs: list | None = [] if variant.kind == "gateway" and args.watch_costs else None
         turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
@@ -413,6 +417,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument(
+        "--watch-costs",
+        action="store_true",
+        help="read the gateway's cost terms each second after the slowdown into the JSON "
+        "(its CPU figure then includes those reads)",
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args()
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}

@@ -81,10 +81,9 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from gateway.upstreams.replicas.conversations import ConversationHomes
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
 from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN, FleetLatency, ReplicaLatency
-from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, PrefixIndex
+from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ConversationHomes, PrefixIndex
 
 MODES = ("prefix_affinity", "least_loaded", "round_robin")
 KV_USAGE_WEIGHT = 0.5  # a full KV cache counts as half a set of slots of load

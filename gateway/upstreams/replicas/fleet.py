@@ -28,7 +28,6 @@ from gateway.upstreams.base import (
     UpstreamBody,
 )
 from gateway.upstreams.replicas.balancer import Choice
-from gateway.upstreams.replicas.conversations import conversation_key
 from gateway.upstreams.replicas.hedging import HedgeBudget, TtftTracker
 from gateway.upstreams.replicas.pool import (
     PROBE_LIMIT_BYTES,
@@ -39,7 +38,7 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, conversation_key, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp

@@ -11,6 +11,17 @@ block's hash covers everything before it, so equal blocks after different prefix
 (an engine cannot reuse them either) and one dict lookup per block answers "is this prefix
 there". Characters, not tokens: no tokenizer runs on the request path, and a block boundary
 that differs from the engine's only loses part of one block.
+
+Where each conversation's last turn went (`ConversationHomes`, keyed by `conversation_key`):
+the index tells which replica holds most of a prompt, but it cannot always tell a
+conversation from its tenant's others. A second turn whose first turn added no whole block
+past the shared system prompt matches a replica holding only that system prompt as well as the
+one that served the first turn. Every later turn of a conversation starts with its first turn's
+whole prompt (the text up to the first assistant message), so a hash of that text names the
+conversation, and the balancer remembers, for recent ones, the replica its last turn was sent
+to. In one gateway process only (Python's string hash is keyed per process, which also keeps a
+client from crafting two conversations that pass for one); other processes fall back on the
+index, which shared placements keep in step.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ DIGEST_BYTES = 8
 ENTRY_OVERHEAD = 184
 ENTRY_BYTES = DIGEST_BYTES + ENTRY_OVERHEAD
 _SENDS = itertools.count(1)  # one order for every index of the process: comparable across them
+MAX_CONVERSATIONS = 32 * 1024  # ~120 bytes each: ~4 MB at most
 
 
 def prefix_blocks(text: str, seed: str = "", block_chars: int = BLOCK_CHARS) -> list[bytes]:
@@ -77,6 +89,9 @@ def prompt_text(body: dict[str, Any]) -> str:
 def role_mark(role: object) -> str:
     """How `prompt_text` marks the start of a message of `role`."""
     return f"\x1e{role}\x1f"
+
+
+ASSISTANT = role_mark("assistant")
 
 
 def _message_text(message: dict[str, Any], parts: list[str]) -> None:
@@ -232,3 +247,33 @@ def _longest(
                 marks = {p: v for p, v in chain.marks.items() if p <= count}
                 return chain.blocks[:count], marks
     return [], {}
+
+
+def conversation_key(text: str, seed: str = "") -> int:
+    """The conversation `text` (a `prompt_text`) belongs to: a hash of its first turn's prompt,
+    with `seed` (the tenant, on a route that isolates tenants)."""
+    cut = text.find(ASSISTANT)
+    return hash((seed, text if cut < 0 else text[:cut]))
+
+
+class ConversationHomes:
+    """Recent conversations and the replica each last went to, least recently used first out."""
+
+    def __init__(self, max_entries: int = MAX_CONVERSATIONS) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._homes: OrderedDict[int, str] = OrderedDict()
+
+    def get(self, key: int) -> str | None:
+        return self._homes.get(key)
+
+    def placed(self, key: int, replica: str) -> None:
+        homes = self._homes
+        homes[key] = replica
+        homes.move_to_end(key)
+        if len(homes) > self.max_entries:
+            homes.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._homes)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.upstreams.replicas.conversations import ConversationHomes, conversation_key
-from gateway.upstreams.replicas.prefix_index import prompt_text
+from gateway.upstreams.replicas.prefix_index import ConversationHomes, conversation_key, prompt_text
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 40}
 
