@@ -27,10 +27,11 @@ Modes (`BalanceOptions.mode`):
                     (requests that found a slot free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
-      home        = the replica holding most of a follow-up's prompt; of several holding as
-                    much, the one sent it last (where the conversation went on: a replica that
-                    holds only the tenant's system prompt holds as much of a second turn whose
-                    first turn added no whole block)
+      home        = the replica the conversation's last turn went to (`ConversationHomes`,
+                    this process's recent conversations); failing that, the replica holding
+                    most of the follow-up's prompt, of several holding as much the one sent it
+                    last (a replica holding only the tenant's system prompt holds as much of a
+                    second turn whose first turn added no whole block as the one it went to)
 
   The rule in words: warm sessions stay, slow replicas shed new work. A follow-up turn stays
   at its home unless waiting for a slot there costs more than recomputing its uncached part
