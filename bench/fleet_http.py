@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import random
 import shutil
@@ -46,7 +47,16 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import ROOT, free_port, start_gateway, stop, stop_tree, tree_cpu_s, wait_http
+from bench.harness import (
+    ROOT,
+    drain_log,
+    free_port,
+    start_gateway,
+    stop,
+    stop_tree,
+    tree_cpu_s,
+    wait_http,
+)
 from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
@@ -250,6 +260,7 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
+        drain_log(proc, collections.deque(maxlen=50))  # a chatty log must never block it
         return proc, base + "/chat/completions"
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
