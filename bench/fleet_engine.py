@@ -42,7 +42,15 @@ class Engine:
         self.extra_ms = 0.0
         self.running = self.waiting = 0
         self.held_blocks = 0  # KV blocks the running requests hold (vLLM's usage counts these)
-        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
+        # uncached_system_tokens: the uncached part within the system message (a tenant's prompt
+        # recomputed here), the rest of the uncached being the conversation's own
+        self.stats = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "uncached_system_tokens": 0,
+            "errors": 0,
+        }
 
     def _blocks(self, words: list[str]) -> list[int]:
         out, h = [], 0
@@ -78,6 +86,8 @@ class Engine:
             self.stats["errors"] += 1
             return _error(500, "the prompt failed validation")
         words = text.split()
+        system = messages[0] if messages[0].get("role") == "system" else {}
+        system_words = 1 + len(str(system.get("content", "")).split()) if system else 0
         self.waiting += 1
         try:
             await self.slots.acquire()
@@ -85,23 +95,26 @@ class Engine:
             self.waiting -= 1
         self.running += 1
         try:
-            return await self._answer(request, words)
+            return await self._answer(request, words, system_words)
         finally:
             self.running -= 1
             self.slots.release()
 
-    async def _answer(self, request: web.Request, words: list[str]) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, words: list[str], system_words: int
+    ) -> web.StreamResponse:
         blocks = self._blocks(words)
         self.held_blocks += len(blocks)
         try:
-            return await self._stream(request, words, blocks)
+            return await self._stream(request, words, blocks, system_words)
         finally:
             self.held_blocks -= len(blocks)
 
     async def _stream(
-        self, request: web.Request, words: list[str], blocks: list[int]
+        self, request: web.Request, words: list[str], blocks: list[int], system_words: int
     ) -> web.StreamResponse:
         cached = self._lookup(blocks) * BLOCK_TOKENS
+        self.stats["uncached_system_tokens"] += max(0, system_words - cached)
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += len(words)
         self.stats["cached_tokens"] += cached

@@ -21,13 +21,18 @@ slowdown; e0's share of conversations that began in the 20 s after it; follow-up
 the slowdown served by another replica than their previous turn; router CPU per 1,000
 requests. After the prefix affinity run, one tenant sends 12 requests that fail (400s, 500s its
 own bodies cause) and `/readyz` must still show every replica healthy. Writes
-bench/results/fleet_http.json.
+bench/results/fleet_http.json, with what explains the figures: the cached share before and
+after the slowdown per engine (and the part lost to system prompts recomputed), how many
+engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
+the slowest turns after the slowdown, and with `--watch-costs` the gateway's cost terms each
+second after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import random
 import shutil
@@ -42,7 +47,17 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import ROOT, free_port, start_gateway, stop, stop_tree, tree_cpu_s, wait_http
+from bench.harness import (
+    ROOT,
+    drain_log,
+    free_port,
+    start_gateway,
+    stop,
+    stop_tree,
+    tree_cpu_s,
+    wait_http,
+)
+from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
@@ -56,6 +71,7 @@ class Turn:
     started: float  # seconds since the run began
     ttft_ms: float | None
     engine: str | None
+    tenant: int = -1
 
 
 @dataclass
@@ -111,14 +127,22 @@ async def stream_chat(
     return ttft, engine, "".join(parts)
 
 
-async def run_workload(url: str, workload: Workload, engines: list[str], args) -> list[Turn]:
+async def run_workload(
+    url: str, workload: Workload, engines: list[str], args, costs: list | None = None
+) -> tuple[list[Turn], list[dict]]:
+    """Every turn of the workload through `url`, and the engines' `/stats` when e0 slowed; with
+    `costs`, the gateway's cost terms are appended to it each second after the slowdown."""
     turns: list[Turn] = []
+    at_slowdown: list[dict] = []
+    costs_url = None if costs is None else url.rsplit("/v1/", 1)[0] + "/v1/metrics/ttft"
+    costs = [] if costs is None else costs
     began = time.perf_counter()
     deadline = began + args.seconds  # no turn starts later (nor is one measured)
     slowed = asyncio.Event()
 
     async def slow_down() -> None:
         await asyncio.sleep(args.seconds * 0.6)
+        at_slowdown.extend(get_json(e + "/stats") for e in engines)
         control(engines[0], {"extra_ms": SLOW_EXTRA_MS})
         slowed.set()
 
@@ -134,19 +158,35 @@ async def run_workload(url: str, workload: Workload, engines: list[str], args) -
                 ttft, engine, answer = await stream_chat(http, url, messages)
             except (aiohttp.ClientError, TimeoutError):
                 ttft, engine, answer = None, None, ""
-            turns.append(Turn(i, k, started, ttft, engine))
+            turns.append(Turn(i, k, started, ttft, engine, tenant))
             messages.append({"role": "assistant", "content": answer or "ok"})
             await asyncio.sleep(workload.think_s[i][k])
+
+    async def watch_costs() -> None:  # the gateway's cost terms each second after the slowdown
+        await slowed.wait()
+        while time.perf_counter() < deadline:
+            try:
+                async with http.get(costs_url) as resp:
+                    fleet = (await resp.json())["replicas"]["fleet"]
+                costs.append(
+                    (round(time.perf_counter() - began, 1), fleet["cost"], fleet["replicas"])
+                )
+            except (aiohttp.ClientError, KeyError, TimeoutError):
+                pass
+            await asyncio.sleep(1.0)
 
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         slower = asyncio.ensure_future(slow_down())
+        watcher = asyncio.ensure_future(watch_costs()) if costs_url else None
         await asyncio.gather(
             *(session(i, *s) for i, s in enumerate(workload.sessions)), return_exceptions=True
         )
         slower.cancel()
-    return turns
+        if watcher is not None:
+            watcher.cancel()
+    return turns, at_slowdown
 
 
 async def low_load_ttft(url: str, n: int) -> float:
@@ -213,11 +253,14 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
             "load_metrics": "vllm",
             "load_interval_s": 0.5,
             # sized near what an engine holds, as the README advises: 16-token blocks of
-            # ~6-character words, in 256-character index blocks of 160 bytes each
-            "affinity_index_bytes": max(64 * 1024, args.cache_blocks * 16 * 6 // 256 * 160),
+            # ~6-character words, in 256-character index blocks of ENTRY_BYTES each
+            "affinity_index_bytes": max(
+                64 * 1024, args.cache_blocks * 16 * 6 // BLOCK_CHARS * ENTRY_BYTES
+            ),
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
+        drain_log(proc, collections.deque(maxlen=50))  # a chatty log must never block it
         return proc, base + "/chat/completions"
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
@@ -268,14 +311,58 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         for e in engines:
             control(e, {"reset": True})
         cpu_before = tree_cpu_s(router.pid)
-        turns = asyncio.run(run_workload(url, workload, engines, args))
+        costs: list | None = [] if variant.kind == "gateway" and args.watch_costs else None
+        turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
         failures = tenant_failures(url) if variant.balance == "prefix_affinity" else None
     finally:
         if router is not None:
             stop_tree(router)
-    return summarize(turns, stats, direct, routed, cpu, failures, args)
+    result = summarize(turns, stats, direct, routed, cpu, failures, args)
+    result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
+    result["engines_per_tenant"] = engines_per_tenant(turns, args)
+    result["costs_after_slowdown"] = costs
+    return result
+
+
+def engines_per_tenant(turns: list[Turn], args) -> dict:
+    """How many engines served each tenant's first turns, on average, before e0 slowed and
+    after (1.0: every tenant's system prompt computed on one engine only)."""
+    slow = 0.6 * args.seconds
+    out = {}
+    for phase, keep in (("before", lambda t: t < slow), ("after", lambda t: t >= slow)):
+        seen: dict[int, set[str]] = {}
+        for t in turns:
+            if t.index == 0 and t.engine and keep(t.started):
+                seen.setdefault(t.tenant, set()).add(t.engine)
+        out[phase] = round(sum(map(len, seen.values())) / len(seen), 2) if seen else None
+    return out
+
+
+def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:
+    """Cached share of prompt tokens before e0 slowed and after, overall and per engine."""
+
+    def share(cached: float, prompt: float) -> float | None:
+        return round(cached / prompt, 4) if prompt else None
+
+    out: dict = {}
+    if len(at_slowdown) != len(stats):
+        return out
+    for i, (end, mid) in enumerate(zip(stats, at_slowdown, strict=True)):
+        after_prompt = end["prompt_tokens"] - mid["prompt_tokens"]
+        system = end.get("uncached_system_tokens", 0) - mid.get("uncached_system_tokens", 0)
+        out[f"e{i}"] = {
+            "before": share(mid["cached_tokens"], mid["prompt_tokens"]),
+            "after": share(end["cached_tokens"] - mid["cached_tokens"], after_prompt),
+            # the share of prompt tokens after the slowdown lost to system prompts recomputed
+            "after_system_misses": share(system, after_prompt),
+            "prompt_tokens": end["prompt_tokens"],
+        }
+    mid_c, mid_p = (sum(s[k] for s in at_slowdown) for k in ("cached_tokens", "prompt_tokens"))
+    end_c, end_p = (sum(s[k] for s in stats) for k in ("cached_tokens", "prompt_tokens"))
+    out["all"] = {"before": share(mid_c, mid_p), "after": share(end_c - mid_c, end_p - mid_p)}
+    return out
 
 
 def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
@@ -287,11 +374,13 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
     new = [t for t in ok if t.index == 0 and slow <= t.started < slow + window]
     previous: dict[int, str | None] = {}
     moved = 0
+    moves = []  # (started s, turn, from, to, ttft ms)
     slowest = []
     for t in sorted(turns, key=lambda t: (t.session, t.index)):
         before = previous.get(t.session)
         if t.index > 0 and t.started >= slow and t.engine and before and t.engine != before:
             moved += 1
+            moves.append((round(t.started, 1), t.index, before, t.engine, round(t.ttft_ms or 0)))
         if t.started >= slow and t.ttft_ms is not None:
             slowest.append((round(t.ttft_ms), t.engine, before, t.index, round(t.started, 1)))
         previous[t.session] = t.engine
@@ -313,6 +402,7 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "router_cpu_s_per_1000": 1000 * cpu / max(1, len(turns)),
         "served": {s_name: sum(1 for t in ok if t.engine == s_name) for s_name in _names(args)},
         "tenant_failures": failures,
+        "moves_after_slowdown": moves[:40],
         "slowest_after_slowdown": sorted(slowest, key=lambda x: -x[0])[
             :12
         ],  # ttft, on, was on, turn
@@ -338,6 +428,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument(
+        "--watch-costs",
+        action="store_true",
+        help="read the gateway's cost terms each second after the slowdown into the JSON "
+        "(its CPU figure then includes those reads)",
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args()
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}

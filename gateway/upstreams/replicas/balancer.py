@@ -13,7 +13,7 @@ Modes (`BalanceOptions.mode`):
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
       first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
-      follow-up:   cost(r) = [r not home] * excess(r) + wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = [r not home] * turns * excess(r) + wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
@@ -22,29 +22,44 @@ Modes (`BalanceOptions.mode`):
                     the noise (the part all replicas share changes no choice)
       wait(r)     = service(r) * max(0, ahead(r) + 1 - cap(r)) / cap(r): the wait for a slot
                     (cap = slots * weight; ahead = the gateway's in_flight plus the waiting
-                    requests the server reports beyond its own); each request holds a slot for
-                    service(r) ms, r's send-to-end time (requests that found a slot
-                    free); 0 while a slot is free
+                    requests the server reports beyond the gateway's own, `others_waiting`);
+                    each request holds a slot for service(r) ms, r's send-to-end time
+                    (requests that found a slot free); 0 while a slot is free
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
-      home        = the replica(s) holding most of a follow-up's prompt
+      home        = the replica the conversation's last turn went to (`ConversationHomes`,
+                    this process's recent conversations); failing that, the replica holding
+                    most of the follow-up's prompt, of several holding as much the one sent it
+                    last (a replica holding only the tenant's system prompt holds as much of a
+                    second turn whose first turn added no whole block as the one it went to)
 
-  A follow-up turn whose history is cached on r stays there unless waiting for a slot there
-  costs more than recomputing its uncached part elsewhere. A new conversation pays r's excess
-  on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
-  so a replica that became slow stops getting new conversations at once, while its warm ones
-  stay until it actually queues.
+  The rule in words: warm sessions stay, slow replicas shed new work. A follow-up turn stays
+  at its home unless waiting for a slot there costs more than recomputing its uncached part
+  elsewhere; where it would land, it pays that replica's excess on every turn it will have (it
+  stays there from then on), so a follow-up that leaves a full replica never lands on the slow
+  one. A new conversation pays r's excess on every turn it will have (a slow replica stays
+  slow) but its wait once (a queue drains), against one recompute of its shared prefix
+  elsewhere: a replica that became slow stops getting new conversations at once, while its
+  warm ones stay until it actually queues.
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
-  noisy answers must not scatter a conversation over equal costs), then to the less busy
-  (load per slot, plus half the KV cache usage where reported), then to a rendezvous hash of
-  the prompt's first block with the replica's name (a prefix nobody holds lands on a replica
-  chosen by the prefix itself, the same in every gateway process).
+  noisy answers must not scatter a conversation over equal costs), then to the one sent that
+  prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
+  copies warm on several replicas), then to the less busy (load per slot, plus half the KV
+  cache usage where reported), then to a rendezvous hash of the prompt's first block with the
+  replica's name (a prefix nobody holds lands on a replica chosen by the prefix itself, the
+  same in every gateway process).
+
+  Load (`relative_load`): the gateway's own in-flight requests (running on the server or
+  waiting in its queue) plus the others' waiting requests the server reports, per unit of
+  weight; the gateway's own waiting requests are in both and count once.
 
   Imbalance rule: if the replica the cost picks is, in load per unit of weight, at least
-  `imbalance_abs` requests above the least loaded healthy replica *and* at least
-  `imbalance_ratio` * (least + 1), load wins and the least loaded replica is taken (reason
-  "load"): the guard for estimates gone wrong, not the everyday balancer, and for first turns
-  only (a follow-up moves when its cost says so, never for load alone).
+  `imbalance_abs` requests above the least loaded healthy replica no slower than it (excess
+  no greater) *and* at least `imbalance_ratio` * (least + 1), load wins and that least loaded
+  replica is taken (reason "load"): the guard for the wait and prefill estimates gone wrong,
+  not the everyday balancer, and never a way back onto a replica measured slower (which is
+  idle because it sheds new work); for first turns only (a follow-up moves when its cost
+  says so, never for load alone).
 
 - ``least_loaded``: the lowest load(r)/weight(r), ties taken in turn.
 - ``round_robin``: smooth weighted round robin (nginx's) over the healthy replicas.
@@ -57,8 +72,8 @@ that never failed first) is tried (reason "only_unhealthy").
 `bench/fleet_http.py` against prefix-caching engines over HTTP (one slowed 300 ms mid-run).
 
 The index remembers what was sent, not what the engine kept: size `PrefixIndex.max_bytes` near
-the engine's KV capacity (160 bytes per 256-character block, ~64 tokens) where that is known;
-the default 4 MiB remembers ~1.7M tokens, more than most single replicas hold.
+the engine's KV capacity (192 bytes per 256-character block, ~64 tokens) where that is known;
+the default 4 MiB remembers ~1.4M tokens, more than most single replicas hold.
 """
 
 from __future__ import annotations
@@ -69,7 +84,7 @@ from dataclasses import dataclass, field
 
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
 from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN, FleetLatency, ReplicaLatency
-from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, PrefixIndex
+from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ConversationHomes, PrefixIndex
 
 MODES = ("prefix_affinity", "least_loaded", "round_robin")
 KV_USAGE_WEIGHT = 0.5  # a full KV cache counts as half a set of slots of load
@@ -91,13 +106,16 @@ class ReplicaState:
     health: ReplicaHealth = field(default_factory=lambda: ReplicaHealth(HealthPolicy()))
     latency: ReplicaLatency = field(default_factory=ReplicaLatency)
 
-    @property
-    def load(self) -> int:
-        return self.in_flight + (self.queue or 0)
-
-    @property
-    def relative_load(self) -> float:
-        return self.load / self.weight
+    def others_waiting(self, cap: float) -> float:
+        """The waiting requests the server reported that are not this gateway's: its report
+        counts the gateway's own requests past the `cap` slots too (in flight here, waiting
+        there), which `in_flight` already holds. A report up to a read interval old is set
+        against the gateway's in-flight of then, not of now: requests of its own that have
+        since started (or ended) are not taken for others' still waiting."""
+        if not self.queue:
+            return 0.0
+        own = self.in_flight if self.in_flight_at_report is None else self.in_flight_at_report
+        return max(0.0, self.queue - max(0.0, own - cap))
 
 
 @dataclass
@@ -121,6 +139,7 @@ class Choice:
     reason: str
     uncached_tokens: float = 0.0  # the picked replica's, as estimated when choosing
     free_slot: bool = True  # the picked replica had a slot free when chosen
+    conversation: int | None = None  # `conversation_key` of the request, when known
 
 
 class Balancer:
@@ -145,6 +164,7 @@ class Balancer:
         self._rr_current = {r.name: 0.0 for r in replicas}
         self._turn = 0
         self.latency = FleetLatency(options.prior_prefill_ms_per_token)
+        self.homes = ConversationHomes()
 
     def choose(
         self,
@@ -153,11 +173,13 @@ class Balancer:
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
         first_turn: bool = True,
+        conversation: int | None = None,
     ) -> Choice:
         """The replica for a prompt with these blocks (`prompt_chars` long; whole blocks when
         not given), the first turn of a conversation (or a request not known to follow one)
-        or a follow-up. Raises LookupError when
-        `exclude` leaves no replica at all (a hedge on a one-replica route)."""
+        or a follow-up, of `conversation` (a `conversation_key`) when known. Raises
+        LookupError when `exclude` leaves no replica at all (a hedge on a one-replica
+        route)."""
         allowed = [r for r in self.replicas if r.name not in exclude]
         if not allowed:
             raise LookupError("every replica is excluded")
@@ -173,7 +195,10 @@ class Balancer:
             return self._choice(self._round_robin(healthy), blocks, chars, "round_robin")
         if mode == "least_loaded":
             return self._choice(self._least_loaded(healthy), blocks, chars, "least_loaded")
-        return self._affinity(healthy, blocks, chars, first_turn)
+        known = None if first_turn or conversation is None else self.homes.get(conversation)
+        choice = self._affinity(healthy, blocks, chars, first_turn, known)
+        choice.conversation = conversation
+        return choice
 
     def _choice(
         self, r: ReplicaState, blocks: list[bytes], chars: int, reason: str, matched: int = -1
@@ -190,31 +215,67 @@ class Balancer:
         )
 
     def _affinity(
-        self, healthy: list[ReplicaState], blocks: list[bytes], chars: int, first_turn: bool
+        self,
+        healthy: list[ReplicaState],
+        blocks: list[bytes],
+        chars: int,
+        first_turn: bool,
+        known_home: str | None = None,
     ) -> Choice:
         total = len(blocks)
-        turns = self.latency.turns_per_session if first_turn else 1.0
+        turns = self.latency.turns_per_session
         prefill = self.latency.prefill_ms_per_token
         first = blocks[0] if total else b""
         seen = [r.latency for r in self.replicas]
-        best: tuple[float, int, float, bytes] | None = None
+        best: tuple[float, int, int, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
-        home = max(matches) if matches else 0
-        for r, matched in zip(healthy, matches, strict=True):
-            # a follow-up pays no excess where its history is (already paid: it stays), but
-            # moving it onto a slower replica costs that replica's excess
-            counts = first_turn or not home or matched < home
-            excess = self.latency.excess_ms(r.latency, seen) if counts else 0.0
+        # when each replica was last sent the prefix it holds: of replicas holding as much, the
+        # one sent it last is where the conversation went on
+        recency = [
+            r.index.last_sent(blocks[m - 1]) if m else 0
+            for r, m in zip(healthy, matches, strict=True)
+        ]
+        home = next((r for r in healthy if r.name == known_home), None) or self._home(
+            healthy, matches, recency
+        )
+        for r, matched, sent in zip(healthy, matches, recency, strict=True):
+            # a follow-up pays no excess at its home (already paid: it stays), but moving it
+            # onto a slower replica costs that replica's excess on every turn it will have
+            # there (it stays there from then on), as a new conversation does
+            stays = not first_turn and r is home
+            excess = 0.0 if stays else self.latency.excess_ms(r.latency, seen)
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
-            key = (cost, -matched, self._busy(r), _rendezvous(first, r.name))
+            key = (cost, -matched, -sent, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
-        least = min(healthy, key=_load_order)
-        if first_turn and least is not picked and self._too_uneven(picked, least):
-            return self._choice(least, blocks, chars, "load")
+        if first_turn:
+            # the guard against the wait and prefill estimates gone wrong, not against a
+            # measured slowdown: only replicas no slower than the pick may take the request
+            no_slower = self.latency.excess_ms(picked.latency, seen)
+            least = min(
+                (r for r in healthy if self.latency.excess_ms(r.latency, seen) <= no_slower),
+                key=lambda r: (self.relative_load(r), r.name),
+            )
+            if least is not picked and self._too_uneven(picked, least):
+                return self._choice(least, blocks, chars, "load")
         reason = "affinity" if picked_matched else "least_loaded"
         return self._choice(picked, blocks, chars, reason, picked_matched)
+
+    @staticmethod
+    def _home(
+        healthy: list[ReplicaState], matches: list[int], recency: list[int]
+    ) -> ReplicaState | None:
+        """The replica holding most of the prompt, the one sent it last among equals (None:
+        nobody holds any): a conversation's next turn holds all of its previous turn's prompt,
+        which a replica holding only the shared system prompt does not."""
+        top = max(matches, default=0)
+        if not top:
+            return None
+        held = [
+            (sent, i) for i, (m, sent) in enumerate(zip(matches, recency, strict=True)) if m == top
+        ]
+        return healthy[max(held)[1]]
 
     def wait_ms(self, r: ReplicaState) -> float:
         """How long a new request would wait for a slot on `r`, in ms: nothing while a slot is
@@ -225,11 +286,14 @@ class Balancer:
         the gateway's requests of then, not of now: requests of its own that have since
         started (or ended) are not taken for others' still waiting."""
         cap = self.options.slots * r.weight
-        ahead = float(r.in_flight)
-        if r.queue:  # others' waiting requests: the reported queue less this gateway's own then
-            own = r.in_flight if r.in_flight_at_report is None else r.in_flight_at_report
-            ahead += max(0.0, r.queue - max(0.0, own - cap))
+        ahead = r.in_flight + r.others_waiting(cap)
         return self._service_ms(r) * max(0.0, ahead + 1 - cap) / cap
+
+    def relative_load(self, r: ReplicaState) -> float:
+        """Requests on `r` per unit of weight, as far as this gateway knows: its own in flight
+        (running there or waiting in its queue) plus others' waiting; the gateway's own waiting
+        requests are in both the server's report and `in_flight`, and count once."""
+        return (r.in_flight + r.others_waiting(self.options.slots * r.weight)) / r.weight
 
     def _service_ms(self, r: ReplicaState) -> float:
         if r.latency.service_ms is not None:
@@ -240,7 +304,7 @@ class Balancer:
     def _busy(self, r: ReplicaState) -> float:
         """Among choices of equal cost, the less busy: load per slot, a full KV cache counting
         as half a set of slots more."""
-        busy = r.relative_load / self.options.slots
+        busy = self.relative_load(r) / self.options.slots
         return busy + KV_USAGE_WEIGHT * r.kv_usage if r.kv_usage else busy
 
     def _least_loaded(self, healthy: list[ReplicaState]) -> ReplicaState:
@@ -248,10 +312,10 @@ class Balancer:
         self._turn += 1
         n = len(healthy)
         order = {r.name: (i - self._turn) % n for i, r in enumerate(healthy)}
-        return min(healthy, key=lambda r: (r.relative_load, order[r.name]))
+        return min(healthy, key=lambda r: (self.relative_load(r), order[r.name]))
 
     def _too_uneven(self, picked: ReplicaState, least: ReplicaState) -> bool:
-        hot, cold = picked.relative_load, least.relative_load
+        hot, cold = self.relative_load(picked), self.relative_load(least)
         opts = self.options
         return hot - cold >= opts.imbalance_abs and hot >= opts.imbalance_ratio * (cold + 1)
 
@@ -268,9 +332,12 @@ class Balancer:
         return picked
 
     def sent(self, choice: Choice, blocks: list[bytes]) -> None:
-        """The request went to `choice.replica`: it now holds (or soon will) these blocks."""
+        """The request went to `choice.replica`: it now holds (or soon will) these blocks, and
+        is the home of the request's conversation."""
         choice.replica.index.add(blocks)
         choice.replica.in_flight += 1
+        if choice.conversation is not None:
+            self.homes.placed(choice.conversation, choice.replica.name)
 
     def first_token(self, choice: Choice, seconds: float) -> None:
         """The request sent as `choice` had its first token after `seconds`: a sample of the
@@ -293,8 +360,30 @@ class Balancer:
         if seconds is not None and free_slot:
             replica.latency.observe_service(1000.0 * seconds)
 
+    def costs(self) -> dict[str, object]:
+        """The cost function's terms as they stand, for operators: the route's prefill rate and
+        turns per conversation, and each replica's fixed part, excess, slot time and wait."""
+        seen = [r.latency for r in self.replicas]
+        return {
+            "prefill_ms_per_token": round(self.latency.prefill_ms_per_token, 4),
+            "turns_per_session": round(self.latency.turns_per_session, 2),
+            "replicas": {
+                r.name: {
+                    "fixed_ms": _rounded(r.latency.fixed_ms),
+                    "excess_ms": round(self.latency.excess_ms(r.latency, seen), 1),
+                    "service_ms": _rounded(r.latency.service_ms),
+                    "wait_ms": round(self.wait_ms(r), 1),
+                }
+                for r in self.replicas
+            },
+        }
+
     def by_name(self, name: str) -> ReplicaState:
         return self._by_name[name]
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def _uncached_tokens(chars: int, matched_blocks: int) -> float:
@@ -303,10 +392,6 @@ def _uncached_tokens(chars: int, matched_blocks: int) -> float:
 
 def _rendezvous(block: bytes, name: str) -> bytes:
     return hashlib.blake2b(block + name.encode(), digest_size=8).digest()
-
-
-def _load_order(r: ReplicaState) -> tuple[float, str]:
-    return (r.relative_load, r.name)
 
 
 def _failure_order(r: ReplicaState) -> tuple[float, str]:

@@ -38,7 +38,7 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import BlockChains, prompt_text
+from gateway.upstreams.replicas.prefix_index import BlockChains, conversation_key, prompt_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -112,8 +112,7 @@ class ReplicatedUpstream:
         return await self.pool.by_health()[0].upstream.forward(method, path, headers, data)
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
-        blocks, chars, first_turn = self._prompt(body, ctx)
-        choice = self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn)
+        blocks, choice = self._choose(body, ctx)
         member = self.pool.sent(choice, blocks, self.placements)
         sent = time.monotonic()
         result = await self.pool.attempt(
@@ -123,8 +122,7 @@ class ReplicatedUpstream:
         return result
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
-        blocks, chars, first_turn = self._prompt(body, ctx)
-        choice = self.pool.choose(blocks, prompt_chars=chars, first_turn=first_turn)
+        blocks, choice = self._choose(body, ctx)
         now = time.monotonic()
         self.budget.request(now)
         after = self._hedge_after(body, ctx)
@@ -148,16 +146,22 @@ class ReplicatedUpstream:
 
     # -- choosing ---------------------------------------------------------------------------
 
-    def _prompt(self, body: UpstreamBody, ctx: CallContext) -> tuple[list[bytes], int, bool]:
-        """The prompt's block hashes, its length in characters, and whether it opens a
-        conversation (no assistant turn yet: what a cost on later turns applies to)."""
+    def _choose(self, body: UpstreamBody, ctx: CallContext) -> tuple[list[bytes], Choice]:
+        """The prompt's block hashes and the pool's pick for it, told the prompt's length in
+        characters, whether it opens a conversation (no assistant turn yet: what a cost on
+        later turns applies to) and which conversation it belongs to."""
         seed = ctx.tenant if self.route.affinity_per_tenant else ""
         text = prompt_text(body)
         messages = body.get("messages")
         first_turn = not isinstance(messages, list) or not any(
             isinstance(m, dict) and m.get("role") == "assistant" for m in messages
         )
-        return self.chains.blocks(text, seed), len(text), first_turn
+        blocks = self.chains.blocks(text, seed)
+        conversation = conversation_key(text, seed) if isinstance(messages, list) else None
+        choice = self.pool.choose(
+            blocks, prompt_chars=len(text), first_turn=first_turn, conversation=conversation
+        )
+        return blocks, choice
 
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
@@ -252,7 +256,12 @@ class ReplicatedUpstream:
 
     def snapshot(self) -> dict[str, Any]:
         replicas = self.pool.rows(time.monotonic())
-        return {"balance": self.route.balance, "replicas": replicas, "hedges": dict(self.hedges)}
+        return {
+            "balance": self.route.balance,
+            "replicas": replicas,
+            "hedges": dict(self.hedges),
+            "cost": self.balancer.costs(),
+        }
 
 
 class TrackedStream(MemberStream):

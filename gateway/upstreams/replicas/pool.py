@@ -163,6 +163,7 @@ class ServerPool:
         while True:
             await asyncio.sleep(self.route.load_interval_s)
             members = list(self.members.values())
+            before = [m.state.in_flight for m in members]
             texts = await asyncio.gather(
                 *(
                     m.upstream.http.get_origin_text("/metrics", PROBE_TIMEOUT_S, MAX_METRICS_BYTES)
@@ -170,12 +171,15 @@ class ServerPool:
                 ),
                 return_exceptions=True,
             )
-            for member, text in zip(members, texts, strict=True):
+            for member, text, then in zip(members, texts, before, strict=True):
                 state = member.state
                 if isinstance(text, str):
                     load = parse_server_load(text, kind)
                     state.queue, state.kv_usage = load.queue, load.kv_usage
-                    state.in_flight_at_report = state.in_flight
+                    # the server counted its queue at some moment between the read's start and
+                    # its answer: the more of the gateway's own in flight of the two is the
+                    # more of that queue that may be its own, never read as others'
+                    state.in_flight_at_report = max(then, state.in_flight)
                     state.health.heard()
                 else:
                     state.queue = state.kv_usage = None
@@ -188,9 +192,12 @@ class ServerPool:
         exclude: frozenset[str] = frozenset(),
         prompt_chars: int | None = None,
         first_turn: bool = True,
+        conversation: int | None = None,
     ) -> Choice:
         """The balancer's pick; `LookupError` when `exclude` leaves no member."""
-        return self.balancer.choose(blocks, time.monotonic(), exclude, prompt_chars, first_turn)
+        return self.balancer.choose(
+            blocks, time.monotonic(), exclude, prompt_chars, first_turn, conversation
+        )
 
     def sent(
         self, choice: Choice, blocks: list[bytes], placements: SharedPlacements | None

@@ -11,10 +11,22 @@ block's hash covers everything before it, so equal blocks after different prefix
 (an engine cannot reuse them either) and one dict lookup per block answers "is this prefix
 there". Characters, not tokens: no tokenizer runs on the request path, and a block boundary
 that differs from the engine's only loses part of one block.
+
+Where each conversation's last turn went (`ConversationHomes`, keyed by `conversation_key`):
+the index tells which replica holds most of a prompt, but it cannot always tell a
+conversation from its tenant's others. A second turn whose first turn added no whole block
+past the shared system prompt matches a replica holding only that system prompt as well as the
+one that served the first turn. Every later turn of a conversation starts with its first turn's
+whole prompt (the text up to the first assistant message), so a hash of that text names the
+conversation, and the balancer remembers, for recent ones, the replica its last turn was sent
+to. In one gateway process only (Python's string hash is keyed per process, which also keeps a
+client from crafting two conversations that pass for one); other processes fall back on the
+index, which shared placements keep in step.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from hashlib import blake2b
 from typing import Any
@@ -25,9 +37,12 @@ BLOCK_CHARS = 256  # ~64 tokens: fine enough to follow a chat turn, coarse enoug
 DIGEST_BYTES = 8
 # What one entry costs in the index, counted against max_bytes: the 8-byte digest plus CPython's
 # overhead for it (a bytes object of 8 bytes is 41 bytes; an OrderedDict slot and its link node
-# add about 100 more). 152 rounds an entry up to 160 bytes, so max_bytes is a real upper bound.
-ENTRY_OVERHEAD = 152
+# add about 100 more; the send order it maps to, an int shared by one prompt's blocks, 28 at
+# worst). 184 rounds an entry up to 192 bytes, so max_bytes is a real upper bound.
+ENTRY_OVERHEAD = 184
 ENTRY_BYTES = DIGEST_BYTES + ENTRY_OVERHEAD
+_SENDS = itertools.count(1)  # one order for every index of the process: comparable across them
+MAX_CONVERSATIONS = 32 * 1024  # ~120 bytes each: ~4 MB at most
 
 
 def prefix_blocks(text: str, seed: str = "", block_chars: int = BLOCK_CHARS) -> list[bytes]:
@@ -71,8 +86,16 @@ def prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
+def role_mark(role: object) -> str:
+    """How `prompt_text` marks the start of a message of `role`."""
+    return f"\x1e{role}\x1f"
+
+
+ASSISTANT = role_mark("assistant")
+
+
 def _message_text(message: dict[str, Any], parts: list[str]) -> None:
-    parts.append(f"\x1e{message.get('role', '')}\x1f")
+    parts.append(role_mark(message.get("role", "")))
     content = message.get("content")
     if isinstance(content, str):
         parts.append(content)
@@ -93,14 +116,17 @@ class PrefixIndex:
 
     `add` refreshes a prompt's blocks from the last to the first, so a prefix is always at least
     as recent as anything that extends it: eviction takes the tails of old prompts first (as
-    vLLM does) and a present block always has its whole chain present.
+    vLLM does) and a present block always has its whole chain present. Each block remembers
+    when it was last sent (`last_sent`, in an order shared by every index of the process), so
+    that of two replicas holding the same prefix the one that was sent it last, where its
+    conversation went on, can be told from the other.
     """
 
     def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
         if max_bytes < ENTRY_BYTES:
             raise ValueError(f"max_bytes must hold at least one entry ({ENTRY_BYTES} bytes)")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[bytes, None] = OrderedDict()
+        self._entries: OrderedDict[bytes, int] = OrderedDict()
 
     def matched(self, blocks: list[bytes]) -> int:
         """How many leading blocks are present (stops at the first miss). Does not refresh: a
@@ -113,14 +139,18 @@ class PrefixIndex:
             n += 1
         return n
 
+    def last_sent(self, block: bytes) -> int:
+        """When `block` was last sent here, in the process's order of sends (0: not held)."""
+        return self._entries.get(block, 0)
+
     def add(self, blocks: list[bytes]) -> None:
         """Insert or refresh every block, then evict the least recently used past max_bytes."""
         entries = self._entries
+        sent = next(_SENDS)
         for block in reversed(blocks):
             if block in entries:
                 entries.move_to_end(block)
-            else:
-                entries[block] = None
+            entries[block] = sent
         limit = self.max_bytes // ENTRY_BYTES
         while len(entries) > limit:
             entries.popitem(last=False)
@@ -217,3 +247,33 @@ def _longest(
                 marks = {p: v for p, v in chain.marks.items() if p <= count}
                 return chain.blocks[:count], marks
     return [], {}
+
+
+def conversation_key(text: str, seed: str = "") -> int:
+    """The conversation `text` (a `prompt_text`) belongs to: a hash of its first turn's prompt,
+    with `seed` (the tenant, on a route that isolates tenants)."""
+    cut = text.find(ASSISTANT)
+    return hash((seed, text if cut < 0 else text[:cut]))
+
+
+class ConversationHomes:
+    """Recent conversations and the replica each last went to, least recently used first out."""
+
+    def __init__(self, max_entries: int = MAX_CONVERSATIONS) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._homes: OrderedDict[int, str] = OrderedDict()
+
+    def get(self, key: int) -> str | None:
+        return self._homes.get(key)
+
+    def placed(self, key: int, replica: str) -> None:
+        homes = self._homes
+        homes[key] = replica
+        homes.move_to_end(key)
+        if len(homes) > self.max_entries:
+            homes.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._homes)

@@ -36,8 +36,13 @@ def parse_server_load(text: str, kind: str) -> ServerLoad:
     queue_names, usage_names = METRICS[kind]
     sums: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    # a server's /metrics is mostly histograms the balancer does not read: only the lines of
+    # the samples it reads go to the parser (a vLLM page is hundreds of lines, read every
+    # `load_interval_s` from every replica, on the serving loop)
+    starts = tuple(name + end for name in (*queue_names, *usage_names) for end in ("{", " "))
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(starts))
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(wanted):
             for sample in family.samples:
                 value = sample.value
                 if not math.isfinite(value) or value < 0:

@@ -342,3 +342,67 @@ def test_replicas_are_checked() -> None:
         balancer(replica("a"), replica("a"))
     with pytest.raises(ValueError):
         balancer(replica("a", weight=0.0))
+
+
+def test_load_counts_the_gateway_s_own_waiting_requests_once() -> None:
+    # 12 of its own in flight, 8 running there and 4 waiting: the server reports those 4
+    r = replica("a", in_flight=12, queue=4, in_flight_at_report=12)
+    b = balancer(r, replica("b"), **MS)
+    assert b.relative_load(r) == 12.0
+    r.queue = 6  # 2 waiting that are not the gateway's
+    assert b.relative_load(r) == 14.0
+    r.weight = 2.0  # 16 slots: none of its own waits, the 6 are all others'
+    assert b.relative_load(r) == 9.0
+
+
+def slowed(b: Balancer, slow: ReplicaState, *fast: ReplicaState, turns: int = 4) -> None:
+    """`slow` answers 300 ms later than the `fast` ones; conversations of `turns` turns."""
+    for _ in range(FIXED_SAMPLES):
+        b.first_token(Choice(slow, 0, 0, "affinity", 0.0), 0.320)
+        for r in fast:
+            b.first_token(Choice(r, 0, 0, "affinity", 0.0), 0.020)
+    for i in range(100 * turns):
+        b.latency.observe_turn(i % turns == 0)
+
+
+def test_a_second_turn_stays_where_its_first_went_not_on_the_idle_slow_holder() -> None:
+    # both hold the tenant's system prompt; the first turn added no whole block past it, so the
+    # second matches both as much; the slow one is idle (it sheds new work), the fast one busy
+    slow, fast = replica("slow", holds=PROMPT), replica("fast", holds=PROMPT, in_flight=5)
+    b = balancer(slow, fast, **MS)
+    slowed(b, slow, fast)
+    first = b.choose(PROMPT, 0.0, first_turn=True, conversation=11)
+    assert first.replica is fast
+    b.sent(first, PROMPT)
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=11).replica is fast
+    # a gateway process that did not see the first turn: the replica sent the prefix last
+    other = balancer(slow, fast, **MS)
+    slowed(other, slow, fast)
+    assert other.choose(PROMPT, 0.0, first_turn=False).replica is fast
+
+
+def test_a_moved_follow_up_pays_the_slower_replica_s_excess_on_every_turn_it_will_have() -> None:
+    # its home is full: 12 in flight, 5 slot turns of 125 ms = 625 ms of waiting; the slow
+    # replica holds the prompt too, 300 ms slower on each of ~4 turns: 1200 ms
+    home = replica("home", holds=PROMPT, in_flight=12)
+    slow = replica("slow", holds=PROMPT)
+    b = balancer(slow, home, **MS)
+    slowed(b, slow, home)
+    b.sent(b.choose(PROMPT, 0.0, first_turn=True, conversation=5), PROMPT)
+    home.in_flight = 12
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=5).replica is home
+    home.in_flight = 18  # 11 slot turns: 1375 ms > 1200 ms
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=5).replica is slow
+
+
+def test_the_imbalance_rule_never_sends_a_first_turn_to_a_slower_replica() -> None:
+    busy, slow = replica("busy", holds=PROMPT, in_flight=10), replica("slow")
+    b = balancer(busy, slow, prior_service_ms=0.0)  # no wait term: the rule alone decides
+    slowed(b, slow, busy)
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica is busy and choice.reason == "affinity"
+    cool = replica("cool")
+    b = balancer(replica("busy", holds=PROMPT, in_flight=10), slow, cool, prior_service_ms=0.0)
+    slowed(b, slow, cool, b.by_name("busy"))
+    choice = b.choose(PROMPT, 0.0)
+    assert choice.replica is cool and choice.reason == "load"

@@ -124,3 +124,15 @@ def test_prompt_text_of_completions() -> None:
     assert prompt_text({"model": "m", "prompt": "once upon"}) == "once upon"
     assert prompt_text({"model": "m", "prompt": [1, 2, 3]}) == ""
     assert prompt_text({"model": "m"}) == ""
+
+
+def test_last_sent_tells_which_of_two_indexes_was_sent_a_prefix_last() -> None:
+    blocks = prefix_blocks(text("a", "b", "c"))
+    early, late = PrefixIndex(), PrefixIndex()
+    early.add(blocks)
+    late.add(blocks)
+    assert late.last_sent(blocks[-1]) > early.last_sent(blocks[-1]) > 0
+    early.add(blocks[:2])  # a prompt sharing only the first two blocks refreshes those alone
+    assert early.last_sent(blocks[1]) > late.last_sent(blocks[1])
+    assert early.last_sent(blocks[2]) < late.last_sent(blocks[2])
+    assert early.last_sent(b"never sent") == 0

@@ -34,6 +34,22 @@ def test_vllm_and_sglang_figures() -> None:
     assert old.kv_usage == 0.75
 
 
+def test_the_figures_are_found_among_a_real_page_s_other_metrics() -> None:
+    histogram = "".join(
+        f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="a"}} {i}\n'
+        for i, le in enumerate(("0.01", "0.1", "1.0", "+Inf"))
+    )
+    page = (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        + histogram
+        + 'vllm:num_requests_waiting_by_reason{reason="x"} 40\n'  # a longer name: not ours
+        + VLLM
+        + "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 8\n"
+    )
+    load = parse_server_load(page, "vllm")
+    assert load.queue == 5 and load.kv_usage == 0.75
+
+
 def test_junk_is_unknown_never_an_error() -> None:
     for text in ("", "not prometheus {{{", 'vllm:num_requests_waiting{a="b"} NaN\n', "x 1 2 3 4\n"):
         load = parse_server_load(text, "vllm")
