@@ -52,7 +52,7 @@ BURST = 20.0
 HISTORY_TTL_S = 3600  # like the diagnostics' fingerprints
 HISTORY_PREFIX = "advice:"  # blob family names: apart from the diagnostics' own
 INLINE_MAX_TOKENS = 2048  # shadow work on a prompt this small stays on the loop
-CPU_SHARE = 0.10  # of the process's CPU time, at most, for the evaluations
+CPU_SHARE = 0.05  # of the process's CPU time, at most, for the evaluations (long prompts hit it)
 CPU_BURST_S = 0.05  # the CPU budget's bucket: a few evaluations at start-up
 
 
