@@ -342,6 +342,11 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
                 results[contender.name].setdefault(key + "_after_first", [])
                 results[contender.name][key + "_after_first"].append(answer["after_first_s"])
 
+    # One untimed pass of each shape first: one-time costs (allocator growth, kernel
+    # selection, a lazily built graph) are not what cold TTFT measures.
+    for contender in contenders:
+        contender.ask([[rng.randrange(vocab) for _ in range(args.tokens)]], 2, True)
+        contender.ask([[rng.randrange(vocab) for _ in range(64)] for _ in range(8)], 2, True)
     for turn in range(args.repeats):
         base = [rng.randrange(vocab) for _ in range(args.tokens)]
         each("cold_ttft_s", [base], 1, True, turn)
@@ -363,6 +368,7 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
             if decode_s is None:
                 decode_s = best[f"b{batch}_all_s"] - best[f"b{batch}_first_s"]
             row[f"decode_b{batch}_tok_s"] = batch * args.decode_tokens / max(decode_s, 1e-9)
+        row["samples_s"] = times  # every timing, in the order taken
         summary[name] = row
     return summary
 
