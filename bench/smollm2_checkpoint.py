@@ -16,14 +16,13 @@ flat (the top two differ by about a thousandth of their spread) and deep layers 
 attention wash the context out (an answer is 2-5 distinct tokens, the same whatever came
 before), so a greedy comparison says little. Here the (tied) embeddings, which are also the
 output head, are drawn at `EMBED_STD` (0.3), so the logits spread wide (median lead of the top
-logit over the second about 1.4, far above where two float32 implementations round apart); the
-query and key
-projections at `QK_STD` (0.1), so attention is sharp and the answer depends on the whole
-prompt; and the final norm's weights are random signs, so the next token is not an echo of
-the current one (its embedding would otherwise dominate the logits). On the bench's five
-greedy prompts, `--margins` prints (transformers, float32, 64 tokens): 58-63 distinct tokens
-per answer, every answer changed by changing the prompt's first token, smallest lead
-0.0013-0.15. The folder is a cache: never committed.
+logit over the second about 1.4, far above where two float32 implementations round apart);
+the query and key projections at `QK_STD` (0.1), so attention is sharp and the answer depends
+on the whole prompt; and the final norm's weights are random signs, so the next token is not
+an echo of the current one (its embedding would otherwise dominate the logits). On the
+bench's five greedy prompts, `--margins` prints (transformers, float32, 64 tokens): 58-63
+distinct tokens per answer, every answer changed by changing the prompt's first token,
+smallest lead 0.0013-0.15. The folder is a cache: never committed.
 """
 
 from __future__ import annotations
