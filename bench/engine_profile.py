@@ -39,7 +39,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 # Where an operator's time is counted in the summary; anything else is "other".
 CATEGORIES = {
-    "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"),
+    "matmuls": (
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::matmul",
+        "aten::linear",
+        "mkldnn::_linear_pointwise",
+    ),
     "attention kernels": ("aten::_scaled_dot_product", "aten::_flash_attention"),
     "KV cache write": ("aten::index_copy", "aten::index_put"),
     "KV gather": ("aten::index_select", "aten::gather"),

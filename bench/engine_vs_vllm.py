@@ -16,8 +16,18 @@ tokens minus a run of 1), and greedy equality on five prompts (64 tokens each).
 
 vLLM is used when `--vllm-python` (or this interpreter) can import it; otherwise the bench
 says so and compares with transformers, which has no prefix cache (its warm TTFT is a
-cold one). Without `--model` the checkpoint is random weights of SmolLM2-135M's exact
-shape, written locally, with the demo's byte-level tokenizer (no download anywhere).
+cold one). vLLM runs with the CPU platform forced (`VLLM_TARGET_DEVICE=cpu`), OpenMP left
+unbound at `--threads` threads like the engine (`VLLM_CPU_OMP_THREADS_BIND=nobind`; its
+automatic binding keeps a core for its scheduler, one thread on a 2-core machine), a KV
+cache as large as the engine's, and detokenization off (the engine's worker returns ids).
+Its first start compiles the model with torch.compile (minutes on 2 cores; cached after).
+
+Without `--model` the checkpoint is bench/smollm2_checkpoint.py's: SmolLM2-135M-Instruct's
+exact shape and a tokenizer of its full vocabulary, with seeded random weights whose
+embeddings, attention and final norm are drawn so that the top logit leads by a margin
+and the answer depends on the context (see that module's docstring: with a plain 0.02
+init the top logits are near ties and greedy equality would measure rounding, not
+correctness). No download anywhere.
 """
 
 from __future__ import annotations
@@ -26,11 +36,13 @@ import argparse
 import importlib.util
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -43,9 +55,26 @@ GREEDY_TEXTS = [
     "请用中文简单介绍一下长城的历史。",
 ]
 WORKER_TIMEOUT_S = 900.0  # no single request to a worker may take longer
+# vLLM's first start compiles the model (about 4 minutes on 2 busy cores; cached after).
+WORKER_START_TIMEOUT_S = 1200.0
 
 
 # -- workers (each in its own process, possibly another interpreter) ----------------------
+
+
+def engine_blocks(max_len: int) -> int:
+    """The engine worker's KV pool in 16-token blocks: 8 prompts of max_len, and some."""
+    return (8 * max_len) // 16 + 64
+
+
+def engine_kv_bytes(model: str, dtype: str, max_len: int) -> int:
+    """Bytes of the engine worker's KV pool, so vLLM is given the same."""
+    with open(os.path.join(model, "config.json")) as f:
+        hf = json.load(f)
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_token = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim
+    element = 4 if dtype == "float32" else 2
+    return engine_blocks(max_len) * 16 * per_token * element
 
 
 class EngineWorker:
@@ -62,7 +91,7 @@ class EngineWorker:
                 model=model,
                 device="cpu",
                 dtype=dtype,
-                num_blocks=(8 * max_len) // 16 + 64,
+                num_blocks=engine_blocks(max_len),
                 max_num_batched_tokens=max(2048, max_len),
             )
         )
@@ -102,12 +131,15 @@ class VllmWorker:
             max_model_len=max_len,
             enable_prefix_caching=True,
             max_num_batched_tokens=max(2048, max_len),
+            kv_cache_memory_bytes=engine_kv_bytes(model, dtype, max_len),
         )
 
     def run(self, prompts: list[list[int]], max_tokens: int, cold: bool) -> list[list[int]]:
         if cold:
             self.llm.reset_prefix_cache()
-        params = self.params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        params = self.params(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False
+        )
         inputs = [{"prompt_token_ids": p} for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
@@ -194,6 +226,9 @@ class Contender:
     def __init__(self, name: str, python: str, kind: str, pythonpath: str, args: Any) -> None:
         self.name = name
         env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": str(args.threads)}
+        if kind == "vllm":
+            env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="nobind")
+            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         command = [python, os.path.abspath(__file__), "--worker", kind, "--model", args.model]
         command += ["--dtype", args.dtype_now, "--threads", str(args.threads)]
         command += ["--max-len", str(args.max_len)]
@@ -205,13 +240,28 @@ class Contender:
             env=env,
             cwd=ROOT,
         )
-        self._read()  # {"ready": true} once loaded
+        # A reader thread, so that every wait for the worker has a deadline.
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._read(WORKER_START_TIMEOUT_S)  # {"ready": true} once loaded
 
-    def _read(self) -> dict:
+    def _pump(self) -> None:
         assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _read(self, timeout_s: float = WORKER_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout_s
         while True:
-            line = self.proc.stdout.readline()
-            if not line:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.proc.kill()
+                raise RuntimeError(
+                    f"{self.name} worker gave no answer in {timeout_s:.0f} s"
+                ) from None
+            if line is None:
                 raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()})")
             if line.startswith("{"):
                 return json.loads(line)
@@ -292,6 +342,11 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
                 results[contender.name].setdefault(key + "_after_first", [])
                 results[contender.name][key + "_after_first"].append(answer["after_first_s"])
 
+    # One untimed pass of each shape first: one-time costs (allocator growth, kernel
+    # selection, a lazily built graph) are not what cold TTFT measures.
+    for contender in contenders:
+        contender.ask([[rng.randrange(vocab) for _ in range(args.tokens)]], 2, True)
+        contender.ask([[rng.randrange(vocab) for _ in range(64)] for _ in range(8)], 2, True)
     for turn in range(args.repeats):
         base = [rng.randrange(vocab) for _ in range(args.tokens)]
         each("cold_ttft_s", [base], 1, True, turn)
@@ -313,6 +368,7 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
             if decode_s is None:
                 decode_s = best[f"b{batch}_all_s"] - best[f"b{batch}_first_s"]
             row[f"decode_b{batch}_tok_s"] = batch * args.decode_tokens / max(decode_s, 1e-9)
+        row["samples_s"] = times  # every timing, in the order taken
         summary[name] = row
     return summary
 
@@ -323,6 +379,13 @@ def greedy(contenders: list[Contender], args: argparse.Namespace) -> dict[str, l
     tokenizer = Tokenizer(args.model)
     prompts = [tokenizer.encode(text) for text in GREEDY_TEXTS]
     return {c.name: c.ask(prompts, args.greedy_tokens, True)["tokens"] for c in contenders}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def run_dtype(args: argparse.Namespace, dtype: str, base_path: str | None) -> dict:
@@ -350,8 +413,11 @@ def run_dtype(args: argparse.Namespace, dtype: str, base_path: str | None) -> di
         for contender in contenders:
             contender.close()
     for name, row in summary.items():
-        same = sum(a == b for a, b in zip(outputs[name], outputs[reference], strict=True))
+        pairs = list(zip(outputs[name], outputs[reference], strict=True))
+        same = sum(a == b for a, b in pairs)
         row["greedy_identical"] = f"{same}/{len(GREEDY_TEXTS)}"
+        # Per prompt, the first generated position where the two differ (None: identical).
+        row["greedy_first_difference"] = [first_difference(a, b) for a, b in pairs]
     return {"dtype": dtype, "reference": reference, "contenders": summary}
 
 
@@ -377,11 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args.worker, args.model, args.dtype[0], args.threads, args.max_len)
-    from engine_backend.demo import SMOLLM2_135M_SHAPE, build_demo_model
-
     if args.model is None:
-        args.model = build_demo_model(args.cache_dir, SMOLLM2_135M_SHAPE)
-        print(f"model: random weights of SmolLM2-135M's shape ({args.model})", file=sys.stderr)
+        sys.path.insert(0, ROOT)
+        from bench.smollm2_checkpoint import build_checkpoint
+
+        args.model = build_checkpoint(args.cache_dir)
+        print(f"model: SmolLM2-135M-shaped random checkpoint ({args.model})", file=sys.stderr)
     args.max_len = max(4096, args.tokens + args.greedy_tokens + 64)
     scratch = tempfile.mkdtemp(prefix="engine-vs-vllm-")
     try:

@@ -86,4 +86,5 @@ def load_model(
     has_lm_head = "lm_head.weight" in weight_names(files)
     model = build_model(hf_config, device, dtype, max_positions, has_lm_head=has_lm_head)
     model.load_weights(iter_weights(files))
+    model.pack_for_cpu()
     return model

@@ -91,7 +91,15 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x is [tokens, heads, head_dim] (any row stride); its two halves form the rotated
     pairs: x * cos + (second half, first half) * signed sin, rounded where transformers'
-    `q * cos + rotate_half(q) * sin` rounds."""
-    first, second = x.chunk(2, dim=-1)
-    swapped = torch.cat((second, first), dim=-1).mul_(sin)
-    return (x * cos).add_(swapped)
+    `q * cos + rotate_half(q) * sin` rounds (each product, then the sum).
+
+    Each half's product goes through one half-width buffer and is added in place: no
+    concatenated copy of the swapped halves, which on a prefill's strided q/k view cost
+    several times the multiplies themselves."""
+    half = x.shape[-1] // 2
+    out = x * cos
+    product = x[..., half:] * sin[..., :half]
+    out[..., :half] += product
+    torch.mul(x[..., :half], sin[..., half:], out=product)
+    out[..., half:] += product
+    return out

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_backend.models.attention import AttentionMetadata, paged_attention
+from engine_backend.models.cpu_linear import PackedLinear, pack_linears, packing_available
 from engine_backend.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 SUPPORTED_ARCHITECTURES = (
@@ -183,6 +184,9 @@ class CausalLM(nn.Module):
             else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         )
         self.rotary: RotaryEmbedding | None = None  # set by build_model once the device is known
+        # The tied output projection as a module of its own, where the CPU packs it
+        # (pack_for_cpu); None: logits multiply by the embedding table directly.
+        self.tied_head: nn.Module | None = None
 
     def forward(
         self,
@@ -201,9 +205,22 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.norm(hidden)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self.tied_head is not None:
+            return self.tied_head(hidden)
+        return F.linear(hidden, self.embed_tokens.weight)
+
+    def pack_for_cpu(self) -> bool:
+        """Once the weights are loaded: every projection and the logits through oneDNN with
+        packed weights, where that applies (float32 on the CPU; see models/cpu_linear.py)."""
+        weight = self.embed_tokens.weight
+        if not packing_available(weight.device, weight.dtype):
+            return False
+        pack_linears(self)
         if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight)
-        return self.lm_head(hidden)
+            self.tied_head = PackedLinear(weight, None)
+        return True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors in, fusing q/k/v and gate/up as they arrive.
