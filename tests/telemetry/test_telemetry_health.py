@@ -74,7 +74,7 @@ def test_health_is_cheap():
     telemetry = Telemetry(MemoryStore(retention_s=60), Settings())
     for _ in range(10_000):
         telemetry.writer.enqueue(_event(time.time()))
-    began = time.perf_counter()
+    began = time.thread_time()  # this thread's CPU: another process's load does not count
     for _ in range(1000):
         telemetry.health()
-    assert (time.perf_counter() - began) / 1000 < 50e-6  # O(1): no scan of the buffer
+    assert (time.thread_time() - began) / 1000 < 50e-6  # O(1): no scan of the buffer
