@@ -28,17 +28,14 @@ smallest lead 0.0013-0.15. The folder is a cache: never committed.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from engine_backend.demo import cached_model_folder, default_cache_dir, write_model_files
 
 FORMAT_VERSION = 1
 VOCAB_SIZE = 49152
@@ -169,50 +166,22 @@ def write_checkpoint(path: str, embed_std: float = EMBED_STD, seed: int = SEED) 
         "clean_up_tokenization_spaces": False,
     }
     generation_config = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
-    for name, content in (
-        ("config.json", SHAPE),
-        ("tokenizer_config.json", tokenizer_config),
-        ("generation_config.json", generation_config),
-    ):
-        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=2)
-    save_file(
-        random_weights(embed_std, seed),
-        os.path.join(path, "model.safetensors"),
-        metadata={"format": "pt"},
+    write_model_files(
+        path, SHAPE, tokenizer_config, generation_config, random_weights(embed_std, seed)
     )
-
-
-def default_cache_dir() -> str:
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get("FIRSTTOKEN_CACHE_DIR") or os.path.join(xdg, "firsttoken")
 
 
 def build_checkpoint(
     cache_dir: str | None = None, embed_std: float = EMBED_STD, seed: int = SEED
 ) -> str:
     """The checkpoint's folder, written on first use under a name hashed from everything
-    that shapes it (so a change never reuses a stale one), via a temporary sibling renamed
-    into place (so a crash never leaves half a model)."""
-    root = cache_dir or default_cache_dir()
-    spec = {"v": FORMAT_VERSION, "shape": SHAPE, "embed_std": embed_std, "seed": seed, "qk": QK_STD}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    path = os.path.join(root, f"smollm2-135m-random-{key}")
-    if os.path.exists(os.path.join(path, "model.safetensors")):
-        return path
-    os.makedirs(root, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".smollm2-", dir=root)
-    try:
-        write_checkpoint(staging, embed_std, seed)
-        try:
-            os.replace(staging, path)
-        except OSError:
-            if not os.path.exists(os.path.join(path, "model.safetensors")):
-                raise
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
-    return path
+    that shapes it (the engine's `cached_model_folder`, as for the demo model)."""
+    return cached_model_folder(
+        cache_dir or default_cache_dir(),
+        "smollm2-135m-random",
+        {"v": FORMAT_VERSION, "shape": SHAPE, "embed_std": embed_std, "seed": seed, "qk": QK_STD},
+        lambda staging: write_checkpoint(staging, embed_std, seed),
+    )
 
 
 def greedy_margins(path: str, texts: list[str], max_tokens: int) -> list[dict]:

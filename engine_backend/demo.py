@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -185,6 +187,20 @@ def write_random_model(path: str, spec: RandomModelSpec = RandomModelSpec()) -> 
         "clean_up_tokenization_spaces": False,
     }
     generation_config = {"bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[IM_END]]}
+    write_model_files(
+        path, config, tokenizer_config, generation_config, _random_llama_weights(config, spec)
+    )
+
+
+def write_model_files(
+    path: str,
+    config: dict,
+    tokenizer_config: dict,
+    generation_config: dict,
+    weights: dict[str, torch.Tensor],
+) -> None:
+    """The JSON files and the safetensors weights of a Hugging Face model folder (its
+    tokenizer.json is the caller's)."""
     for name, content in (
         ("config.json", config),
         ("tokenizer_config.json", tokenizer_config),
@@ -192,11 +208,7 @@ def write_random_model(path: str, spec: RandomModelSpec = RandomModelSpec()) -> 
     ):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(content, f, indent=2)
-    save_file(
-        _random_llama_weights(config, spec),
-        os.path.join(path, "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
 def default_cache_dir() -> str:
@@ -207,26 +219,23 @@ def default_cache_dir() -> str:
     return root
 
 
-def build_demo_model(
-    cache_dir: str | None = None, spec: RandomModelSpec = RandomModelSpec()
+def cached_model_folder(
+    root: str, prefix: str, spec: dict[str, Any], write: Callable[[str], None]
 ) -> str:
-    """Return the path of the demo model folder, writing it on first use.
+    """The folder `root/prefix-<hash of spec>`, made by `write` on first use.
 
-    The folder name is a hash of the spec, so a changed shape never reuses a stale
-    folder; it is written to a temporary sibling and renamed, so a crash or a second
-    process never leaves a half-written model behind.
+    The name is a hash of everything that shapes the model, so a change never reuses a stale
+    folder; it is written to a temporary sibling and renamed, so a crash or a second process
+    never leaves a half-written model behind.
     """
-    root = cache_dir or default_cache_dir()
-    key = hashlib.sha256(
-        json.dumps({"v": FORMAT_VERSION, **asdict(spec)}, sort_keys=True).encode()
-    ).hexdigest()[:16]
-    path = os.path.join(root, f"demo-{key}")
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    path = os.path.join(root, f"{prefix}-{key}")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(root, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".demo-", dir=root)
+    staging = tempfile.mkdtemp(prefix=f".{prefix}-", dir=root)
     try:
-        write_random_model(staging, spec)
+        write(staging)
         try:
             os.replace(staging, path)
         except OSError:
@@ -236,3 +245,16 @@ def build_demo_model(
         if os.path.exists(staging):
             shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def build_demo_model(
+    cache_dir: str | None = None, spec: RandomModelSpec = RandomModelSpec()
+) -> str:
+    """Return the path of the demo model folder, writing it on first use (see
+    `cached_model_folder`)."""
+    return cached_model_folder(
+        cache_dir or default_cache_dir(),
+        "demo",
+        {"v": FORMAT_VERSION, **asdict(spec)},
+        lambda staging: write_random_model(staging, spec),
+    )
