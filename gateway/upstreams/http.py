@@ -45,6 +45,9 @@ class ResponseTooLarge(Exception):
 
 
 def make_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSession:
+    """The route's pooled client. It keeps no cookies: one session serves every tenant, and a
+    cookie an upstream set on one tenant's answer (Cloudflare's, on OpenAI's API) would go out
+    with every other tenant's requests to that origin."""
     connector = aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=60, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     return aiohttp.ClientSession(
@@ -52,6 +55,7 @@ def make_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSess
         timeout=timeout,
         auto_decompress=True,
         skip_auto_headers=("User-Agent",),
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 
