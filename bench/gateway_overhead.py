@@ -6,8 +6,9 @@
 
 A mock upstream (first token after 50 ms; chat: 20 chunks 5 ms apart, usage, [DONE]) runs on
 loopback; the same closed-loop load runs directly, through `firsttoken serve` (started as
-`python -m gateway.cli serve`), and through a bare aiohttp relay (`minimal_passthrough.py`, the
-floor for any Python proxy here), interleaved. Each client API is measured against the same
+`python -m gateway.cli serve`), and through a bare relay (`minimal_passthrough.py`, the floor
+for any Python proxy here) twice, with aiohttp's client and with the gateway's own
+(`gateway/upstreams/http1.py`), all interleaved. Each client API is measured against the same
 upstream endpoint called directly:
 
 - chat: `/v1/chat/completions` to an `openai` route;
@@ -145,6 +146,8 @@ class Served:
     ready_s: float
     floor: subprocess.Popen
     floor_url: str
+    floor_http1: subprocess.Popen
+    floor_http1_url: str
     baseline: subprocess.Popen | None = None
     baseline_url: str = ""
     logs: dict[str, collections.deque] = field(default_factory=dict)
@@ -205,7 +208,19 @@ def start_all(stack: contextlib.ExitStack, baseline: Baseline | None) -> Served:
     gateway, through, ready_s = start_gateway_logged(stack, upstream, "gateway", logs)
     floor, floor_url = start_minimal_passthrough(upstream)
     stack.callback(stop, floor)
-    served = Served(upstream, gateway, through, ready_s, floor, floor_url, logs=logs)
+    floor_http1, floor_http1_url = start_minimal_passthrough(upstream, "http1")
+    stack.callback(stop, floor_http1)
+    served = Served(
+        upstream,
+        gateway,
+        through,
+        ready_s,
+        floor,
+        floor_url,
+        floor_http1,
+        floor_http1_url,
+        logs=logs,
+    )
     if baseline is not None:
         served.baseline, served.baseline_url, _ = start_gateway_logged(
             stack, upstream, "baseline", logs, root=baseline.root
@@ -221,13 +236,17 @@ def targets_of(
 ) -> tuple[dict[str, tuple[str, Api]], dict[str, int]]:
     """The interleaved targets, and for the proxies among them the process whose CPU counts."""
     targets: dict[str, tuple[str, Api]] = {}
-    cpu_pids: dict[str, int] = {"floor chat": served.floor.pid}
+    cpu_pids: dict[str, int] = {
+        "floor chat": served.floor.pid,
+        "floor http1 chat": served.floor_http1.pid,
+    }
     for name in apis:
         via_gateway, direct = APIS[name]
         targets[f"direct {name}"] = (served.upstream, direct)
         targets[f"gateway {name}"] = (served.through, via_gateway)
         cpu_pids[f"gateway {name}"] = served.gateway.pid
     targets["floor chat"] = (served.floor_url, CHAT)
+    targets["floor http1 chat"] = (served.floor_http1_url, CHAT)
     if served.baseline is not None:
         for name in apis:
             targets[f"baseline {name}"] = (served.baseline_url, APIS[name][0])
@@ -242,6 +261,8 @@ def ratio(a: float, b: float) -> float:
 def row_of(name: str, c: int, res: dict[str, LoadResult]) -> dict[str, Any]:
     """One API at one concurrency: latency, throughput and CPU against the direct run."""
     d, g, f = res[f"direct {name}"], res[f"gateway {name}"], res["floor chat"]
+    f1 = res["floor http1 chat"]
+    direct_chat = res["direct chat"].pct(50) if "direct chat" in res else float("nan")
     row = {
         "api": name,
         "concurrency": c,
@@ -250,9 +271,8 @@ def row_of(name: str, c: int, res: dict[str, LoadResult]) -> dict[str, Any]:
         "gateway_ttft_p50_ms": g.pct(50),
         "gateway_ttft_p99_ms": g.pct(99),
         "added_ttft_p50_ms": g.pct(50) - d.pct(50),
-        "floor_added_ttft_p50_ms": f.pct(50) - res["direct chat"].pct(50)
-        if "direct chat" in res
-        else float("nan"),
+        "floor_added_ttft_p50_ms": f.pct(50) - direct_chat,
+        "floor_http1_added_ttft_p50_ms": f1.pct(50) - direct_chat,
         "floor_rps": f.rps,
         "direct_rps": d.rps,
         "gateway_rps": g.rps,
@@ -263,6 +283,8 @@ def row_of(name: str, c: int, res: dict[str, LoadResult]) -> dict[str, Any]:
         "gateway_cpu_ms_per_request": g.cpu_ms_per_request,
         "floor_completed": f.completed,
         "floor_cpu_ms_per_request": f.cpu_ms_per_request,
+        "floor_http1_completed": f1.completed,
+        "floor_http1_cpu_ms_per_request": f1.cpu_ms_per_request,
     }
     if f"baseline {name}" in res:
         b = res[f"baseline {name}"]
@@ -280,7 +302,12 @@ def row_of(name: str, c: int, res: dict[str, LoadResult]) -> dict[str, Any]:
 
 def tree_sizes(served: Served) -> dict[str, int]:
     """How many processes each CPU-counted tree holds (1: the server alone, no workers)."""
-    procs = {"gateway": served.gateway, "floor": served.floor, "baseline": served.baseline}
+    procs = {
+        "gateway": served.gateway,
+        "floor": served.floor,
+        "floor http1": served.floor_http1,
+        "baseline": served.baseline,
+    }
     return {name: len(process_tree(p.pid)) for name, p in procs.items() if p is not None}
 
 
@@ -296,8 +323,8 @@ def measure(args: argparse.Namespace, served: Served) -> list[dict[str, Any]]:
 def print_latency(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'api':<13} {'conc':>4} {'direct p50':>10} {'p99':>7} {'gw p50':>8} {'p99':>7} "
-        f"{'added p50':>9} {'floor added':>11} {'direct rps':>10} {'gw rps':>8} {'ratio':>6} "
-        f"{'err':>4}"
+        f"{'added p50':>9} {'floor added':>11} {'http1 floor':>11} {'direct rps':>10} "
+        f"{'gw rps':>8} {'ratio':>6} {'err':>4}"
     )
     for r in rows:
         print(
@@ -305,10 +332,14 @@ def print_latency(rows: list[dict[str, Any]]) -> None:
             f"{r['direct_ttft_p99_ms']:>7.2f} "
             f"{r['gateway_ttft_p50_ms']:>8.2f} {r['gateway_ttft_p99_ms']:>7.2f} "
             f"{r['added_ttft_p50_ms']:>9.2f} {r['floor_added_ttft_p50_ms']:>11.2f} "
+            f"{r['floor_http1_added_ttft_p50_ms']:>11.2f} "
             f"{r['direct_rps']:>10.1f} {r['gateway_rps']:>8.1f} "
             f"{r['throughput_ratio']:>6.3f} {r['errors']:>4}"
         )
-    print("floor added = TTFT added by a bare aiohttp relay (bench/minimal_passthrough.py)")
+    print(
+        "floor added = TTFT added by a bare relay (bench/minimal_passthrough.py) with aiohttp's "
+        "client; http1 floor: with the gateway's own (gateway/upstreams/http1.py)"
+    )
 
 
 def print_baseline(rows: list[dict[str, Any]], baseline: Baseline) -> None:
@@ -330,7 +361,7 @@ def print_baseline(rows: list[dict[str, Any]], baseline: Baseline) -> None:
 def print_cpu(rows: list[dict[str, Any]], baseline: Baseline | None) -> None:
     """CPU ms per completed request, with the requests it is over."""
     head = f"{'api':<13} {'conc':>4} {'gw cpu/req':>10} {'gw n':>6}"
-    head += f" {'floor cpu/req':>13} {'floor n':>7}"
+    head += f" {'floor cpu/req':>13} {'floor n':>7} {'http1 floor':>11} {'n':>6}"
     if baseline is not None:
         head += f" {'base cpu/req':>12} {'base n':>6} {'new/base':>8}"
     print(head + "   (CPU ms per completed request, serving process tree, own windows)")
@@ -339,6 +370,7 @@ def print_cpu(rows: list[dict[str, Any]], baseline: Baseline | None) -> None:
             f"{r['api']:<13} {r['concurrency']:>4} {r['gateway_cpu_ms_per_request']:>10.3f} "
             f"{r['gateway_completed']:>6} "
             f"{r['floor_cpu_ms_per_request']:>13.3f} {r['floor_completed']:>7}"
+            f" {r['floor_http1_cpu_ms_per_request']:>11.3f} {r['floor_http1_completed']:>6}"
         )
         if baseline is not None:
             line += (

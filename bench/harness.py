@@ -185,8 +185,11 @@ def start_gateway(
     return proc, base + "/v1", time.perf_counter() - started
 
 
-def start_minimal_passthrough(upstream_base: str) -> tuple[subprocess.Popen, str]:
-    """The bare aiohttp relay of `bench/minimal_passthrough.py`, on the gateway's core."""
+def start_minimal_passthrough(
+    upstream_base: str, client: str = "aiohttp"
+) -> tuple[subprocess.Popen, str]:
+    """The bare relay of `bench/minimal_passthrough.py` with `client` (aiohttp, or the
+    gateway's http1), on the gateway's core."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -195,6 +198,7 @@ def start_minimal_passthrough(upstream_base: str) -> tuple[subprocess.Popen, str
             os.path.join(ROOT, "bench", "minimal_passthrough.py"),
             str(port),
             upstream_base,
+            client,
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

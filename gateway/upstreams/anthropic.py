@@ -37,6 +37,7 @@ from gateway.upstreams.base import (
     ModelCard,
     OutEvent,
     UpstreamError,
+    UpstreamResponse,
     client_error,
     encode_body,
     no_forward,
@@ -114,7 +115,7 @@ class AnthropicUpstream(RemoteUpstream):
 
     async def _post_translated(
         self, body: dict, ctx: CallContext
-    ) -> tuple[aiohttp.ClientResponse, str | None]:
+    ) -> tuple[UpstreamResponse, str | None]:
         payload, answer = self._translate(body, ctx)
         extra = {k: v for k, v in ctx.forward_headers.items() if k.startswith("anthropic-")}
         try:
@@ -163,7 +164,7 @@ def messages_body(body: dict, ctx: CallContext, route: Route) -> tuple[dict, str
 
 
 def anthropic_stream(
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     ctx: CallContext,
     max_event_bytes: int,
     route: Route,
@@ -183,7 +184,7 @@ def anthropic_stream(
 
 def anthropic_completed(
     raw: bytes,
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     ctx: CallContext,
     route: Route,
     answer: str | None = None,
@@ -215,7 +216,7 @@ class AnthropicEventStream(TranslatedEventStream):
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         translator: AnthropicStreamTranslator,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         route: str = "anthropic",

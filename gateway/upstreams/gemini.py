@@ -36,6 +36,7 @@ from gateway.upstreams.base import (
     ModelCard,
     OutEvent,
     UpstreamError,
+    UpstreamResponse,
     client_error,
     encode_body,
     no_forward,
@@ -129,9 +130,7 @@ class GeminiCall:
         self.max_event_bytes = max_event_bytes
         self.secrets = secrets
 
-    async def _post(
-        self, path: str, payload: bytes, extra: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
+    async def _post(self, path: str, payload: bytes, extra: Mapping[str, str]) -> UpstreamResponse:
         try:
             return await self.http.post(path, payload, extra)
         except UpstreamError as exc:
@@ -214,7 +213,7 @@ class GeminiEventStream(TranslatedEventStream):
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         translator: GeminiStreamTranslator,
         max_event_bytes: int,
         route: str,

@@ -6,8 +6,9 @@ Everything an upstream sends back is untrusted: redirects are never followed (th
 and the tenant's prompt go to the route's origin only), bodies are read within byte limits,
 and an answer in the wrong media type is an upstream error.
 
-aiohttp's client is on the hot path because it measured fastest for streaming pass-through
-(README, "Dependencies, and why").
+Generation requests (`post`) go through `Http1Pool`, a keep-alive HTTP/1.1 client made for
+exactly that (`gateway.upstreams.http1`, which says why); everything else (passthrough, model
+lists, `/metrics` reads, signed Bedrock calls) through aiohttp's session.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from gateway.config.routes import Route
 from gateway.errors import ERROR_BODY_BYTES
 from gateway.paths import PassPath, upstream_url
 from gateway.sse import DEFAULT_MAX_EVENT_BYTES
-from gateway.upstreams.base import UpstreamError, relayed_headers, retry_after_seconds
+from gateway.upstreams.base import (
+    UpstreamError,
+    UpstreamResponse,
+    relayed_headers,
+    retry_after_seconds,
+)
+from gateway.upstreams.http1 import Http1Pool
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -78,6 +85,7 @@ class UpstreamHttp:
         self._pool_size = pool_size
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._posts: Http1Pool | None = None
         self._models: tuple[float, list[dict[str, Any]]] | None = None
 
     @property
@@ -86,14 +94,26 @@ class UpstreamHttp:
             raise UpstreamError(f"route {self.route.name!r} is not started", status=503)
         return self._session
 
+    @property
+    def posts(self) -> Http1Pool:
+        if self._posts is None:
+            raise UpstreamError(f"route {self.route.name!r} is not started", status=503)
+        return self._posts
+
     async def start(self) -> None:
         if self._session is None:
             self._session = make_session(self._pool_size, self._connect_timeout_s)
+            self._posts = Http1Pool(
+                self.base_url, size=self._pool_size, connect_timeout_s=self._connect_timeout_s
+            )
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._posts is not None:
+            await self._posts.aclose()
+            self._posts = None
 
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """A JSON request's headers. `identity`: a compressed event stream would sit in the
@@ -105,16 +125,12 @@ class UpstreamHttp:
 
     async def post(
         self, path: str, payload: bytes, extra: Mapping[str, str] | None = None
-    ) -> aiohttp.ClientResponse:
-        """POST JSON; any status from 300 up is raised as an `UpstreamError`."""
+    ) -> UpstreamResponse:
+        """POST JSON (a generation request); any status from 300 up is raised as an
+        `UpstreamError`."""
         try:
-            resp = await self.session.post(
-                self.base_url + path,
-                data=payload,
-                headers=self.headers(extra),
-                allow_redirects=False,
-            )
-        except (aiohttp.ClientConnectionError, OSError) as exc:
+            resp: UpstreamResponse = await self.posts.post(path, self.headers(extra), payload)
+        except OSError as exc:
             raise UpstreamError(
                 f"upstream {self.route.name!r} unreachable ({type(exc).__name__})", status=503
             ) from None
@@ -214,12 +230,14 @@ class UpstreamHttp:
 
     async def warm_up(self, connections: int, path: str = "/models") -> None:
         """Open keep-alive connections now so the first request pays no TCP/TLS handshake (a
-        cold pool is slower, not broken: failures are only logged)."""
+        cold pool is slower, not broken: failures are only logged): the generation requests'
+        own, and aiohttp's with a small GET."""
         await asyncio.gather(
-            *(self.get_json(path, 5.0, WARM_UP_READ_BYTES) for _ in range(connections))
+            self.posts.warm(connections),
+            *(self.get_json(path, 5.0, WARM_UP_READ_BYTES) for _ in range(connections)),
         )
 
-    async def status_error(self, resp: aiohttp.ClientResponse) -> UpstreamError:
+    async def status_error(self, resp: UpstreamResponse) -> UpstreamError:
         name, status = self.route.name, resp.status
         if status < 400:
             # A redirect would carry the route's key and the prompt to wherever it points;
@@ -248,7 +266,7 @@ class UpstreamHttp:
             headers=headers,
         )
 
-    def expect(self, resp: aiohttp.ClientResponse, stream: bool) -> None:
+    def expect(self, resp: UpstreamResponse, stream: bool) -> None:
         """A stream must come as text/event-stream and a completion as JSON; anything else (an
         HTML page from a proxy in between, a server that ignored `stream`) is an upstream
         failure, retried like a 5xx: the client has seen nothing yet."""
@@ -265,7 +283,7 @@ class UpstreamHttp:
             status=502,
         )
 
-    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def read_body(self, resp: UpstreamResponse) -> bytes:
         try:
             return await read_limited(resp, self.max_response_bytes)
         except ResponseTooLarge:
@@ -329,7 +347,7 @@ def json_object_body(raw: bytes, route_name: str) -> dict:
     return parsed
 
 
-async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_limited(resp: UpstreamResponse, limit: int) -> bytes:
     """The whole body, or ResponseTooLarge (connection closed) once it passes `limit` bytes.
     Counted as it arrives, after decompression, whatever Content-Length says."""
     length = resp.content_length
@@ -347,7 +365,7 @@ async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def read_prefix(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_prefix(resp: UpstreamResponse, limit: int) -> bytes:
     """At most the first `limit` bytes of the body (an error's: its message is at the start);
     the rest is never read, the connection is closed instead."""
     chunks, size = [], 0
@@ -366,6 +384,7 @@ async def read_prefix(resp: aiohttp.ClientResponse, limit: int) -> bytes:
 __all__ = [
     "ResponseTooLarge",
     "UpstreamHttp",
+    "UpstreamResponse",
     "json_object_body",
     "read_limited",
     "read_prefix",

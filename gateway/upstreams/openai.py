@@ -25,6 +25,7 @@ from gateway.upstreams.base import (
     ModelCard,
     OutEvent,
     UpstreamBody,
+    UpstreamResponse,
     encode_body,
     event_too_large,
     relayed_headers,
@@ -97,7 +98,7 @@ class OpenAIEventStream:
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         route: str = "upstream",
     ) -> None:
@@ -105,6 +106,7 @@ class OpenAIEventStream:
         self._parser = SSEParser(max_event_bytes)
         self._route = route
         self.relayed = relayed_headers(resp.raw_headers)
+        self.answered = False  # `[DONE]` came: the answer ended as the protocol says
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         parser = self._parser
@@ -124,6 +126,8 @@ class OpenAIEventStream:
                 raise event_too_large(self._route, exc.limit) from None
             if events:
                 out = self._out(events)
+                # Marked before the yield: a reader stops at `[DONE]` without resuming us.
+                self.answered = out[-1].done
                 yield out
                 if out[-1].done or out[-1].error:
                     return
@@ -151,9 +155,14 @@ class OpenAIEventStream:
         return out
 
     async def aclose(self) -> None:
-        # close(), not release(): a half-read stream must not go back to the pool, and the
-        # upstream must see the connection drop at once.
-        if not self._resp.closed:
+        # A stream that ended with `[DONE]` releases its connection for reuse (what follows is
+        # the body's terminator). Any other end closes it: a half-read stream must not go back
+        # to the pool, and the upstream must see the connection drop at once.
+        if self._resp.closed:
+            return
+        if self.answered:
+            self._resp.release()
+        else:
             self._resp.close()
 
 

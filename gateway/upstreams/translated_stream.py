@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import aiohttp
-
 from gateway.sse import EventTooLarge, SSEEvent, SSEParser
-from gateway.upstreams.base import OutEvent, event_too_large, relayed_headers
+from gateway.upstreams.base import OutEvent, UpstreamResponse, event_too_large, relayed_headers
 
 
 class TranslatedEventStream:
     """An `EventStream` over a translated SSE answer; subclasses give `_translate` and
     `_finish`."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, max_event_bytes: int, route: str) -> None:
+    def __init__(self, resp: UpstreamResponse, max_event_bytes: int, route: str) -> None:
         self._resp = resp
         self._max_event_bytes = max_event_bytes
         self._route = route
         self.relayed = relayed_headers(resp.raw_headers)
+        self.answered = False  # the upstream's own end of the answer came
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         parser = SSEParser(self._max_event_bytes)
@@ -40,6 +39,8 @@ class TranslatedEventStream:
                     return
                 raise event_too_large(self._route, exc.limit) from None
             out, ended = self._translate(events)
+            # Marked before the yield: a reader stops at the end without resuming us.
+            self.answered = ended and not (out and out[-1].error)
             if out:
                 yield out
             if ended:
@@ -60,5 +61,10 @@ class TranslatedEventStream:
         return OutEvent.failure(f"route {self._route!r}: {message}")
 
     async def aclose(self) -> None:
-        if not self._resp.closed:
+        # As `OpenAIEventStream.aclose`: reuse after a clean end, else drop the connection.
+        if self._resp.closed:
+            return
+        if self.answered:
+            self._resp.release()
+        else:
             self._resp.close()

@@ -41,6 +41,7 @@ from gateway.upstreams.base import (
     EventStream,
     ModelCard,
     UpstreamError,
+    UpstreamResponse,
     encode_body,
     no_forward,
 )
@@ -118,7 +119,7 @@ class VertexUpstream(RemoteUpstream):
 
     async def _post_claude(
         self, body: dict, ctx: CallContext, stream: bool
-    ) -> tuple[aiohttp.ClientResponse, str | None]:
+    ) -> tuple[UpstreamResponse, str | None]:
         """The Claude request and the name of its structured-answer tool (None without one)."""
         translated, answer = messages_body({**body, "stream": stream}, ctx, self.route)
         payload = encode_body(vertex_messages_body(translated))
