@@ -26,17 +26,19 @@ from policies.tokens import count_request_tokens
 
 
 def clear_caches() -> None:
-    """Forget every content-keyed cache (token counts, slimmed texts, block fingerprints).
+    """Forget every content-keyed cache (token counts, slimmed texts, block fingerprints,
+    decoded histories).
 
     Only benchmarks need this, to measure the path a never-seen conversation takes.
     """
-    from policies import diagnostics, slim, tokens, volatile
+    from policies import diagnostics, prefix_breaks, slim, tokens, volatile
 
     tokens.clear_caches()
     slim._slim_cache.clear()
     slim._minify_cache.clear()
     diagnostics._block_cache.clear()
     diagnostics._decoded.clear()
+    prefix_breaks._decoded_histories.clear()
     volatile._finds.clear()
 
 

@@ -201,6 +201,18 @@ class PrefixFingerprints:
         return cached
 
     @classmethod
+    def interned(cls, prints: PrefixFingerprints) -> PrefixFingerprints:
+        """The one object that ``from_bytes`` gives for these fingerprints' bytes, this one if
+        none yet: a history made in memory then reads as its decoding would (the encoding is
+        exact), and equal fingerprints stay one object."""
+        data = prints.to_bytes()
+        cached = _decoded.get(data)
+        if cached is None:
+            _decoded.put(data, prints, len(data))
+            return prints
+        return cached
+
+    @classmethod
     def _decode(cls, data: bytes) -> PrefixFingerprints:
         if data[:4] != _MAGIC:
             raise ValueError("not a firsttoken prefix fingerprint")

@@ -222,14 +222,26 @@ def family_break(
 
 
 def encode_history(history: list[RecordedRequest]) -> bytes:
-    """The family's last ``HISTORY`` requests (oldest first), within ``MAX_HISTORY_BYTES``."""
-    entries = [(entry.shared, entry.prints.to_bytes()) for entry in history[-HISTORY:]]
+    """The family's last ``HISTORY`` requests (oldest first), within ``MAX_HISTORY_BYTES``.
+
+    The family's next request reads this blob back, so its decoding is kept now (by the blob's
+    bytes, as ``decode_history`` keeps what it decodes): the encoding is exact, so the entries
+    as they are in memory are what decoding would give."""
+    kept = history[-HISTORY:]
+    entries = [(entry.shared, entry.prints.to_bytes()) for entry in kept]
     while entries and sum(len(data) + _ENTRY_HEAD.size for _, data in entries) > MAX_HISTORY_BYTES:
         entries.pop(0)
+        kept = kept[1:]
     out = [_MAGIC, struct.pack("<B", len(entries))]
     for shared, data in entries:
         out += [_ENTRY_HEAD.pack(min(shared, 0xFFFF), len(data)), data]
-    return b"".join(out)
+    blob = b"".join(out)
+    decoded = tuple(
+        RecordedRequest(PrefixFingerprints.interned(entry.prints), min(entry.shared, 0xFFFF))
+        for entry in kept
+    )
+    _decoded_histories.put(blob, decoded, len(blob))
+    return blob
 
 
 def decode_history(blob: bytes | None) -> list[RecordedRequest]:

@@ -75,6 +75,31 @@ def test_a_history_blob_is_decoded_once(monkeypatch):
     prints = chain.apply(conversation(3), OPENAI).fingerprints
     _, recorded = family_break([], prints)
     blob = encode_history([recorded] * 4)
+    clear_caches()  # as a blob another gateway wrote to the shared store
     for _ in range(5):
         assert len(decode_history(blob)) == 4
     assert len(decoded) == 1  # four equal entries, five reads: one decode
+
+
+def test_a_history_this_gateway_encoded_is_read_back_without_decoding(monkeypatch):
+    decoded = []
+    real = PrefixFingerprints._decode
+
+    def counting(data: bytes) -> PrefixFingerprints:
+        decoded.append(len(data))
+        return real(data)
+
+    clear_caches()
+    chain = build_chain(DEFAULT_POLICIES, {})
+    history = []
+    for turns in (2, 3, 4):
+        prints = chain.apply(conversation(turns), OPENAI).fingerprints
+        _, recorded = family_break(history, prints)
+        history.append(recorded)
+    blob = encode_history(history)
+    monkeypatch.setattr(PrefixFingerprints, "_decode", staticmethod(counting))
+    read_back = decode_history(blob)
+    assert decoded == []  # the family's next request pays no decoding
+    clear_caches()
+    assert read_back == decode_history(blob)  # and reads what decoding gives
+    assert len(decoded) == 3
