@@ -236,11 +236,12 @@ def encode_history(history: list[RecordedRequest]) -> bytes:
     for shared, data in entries:
         out += [_ENTRY_HEAD.pack(min(shared, 0xFFFF), len(data)), data]
     blob = b"".join(out)
-    decoded = tuple(
-        RecordedRequest(PrefixFingerprints.interned(entry.prints), min(entry.shared, 0xFFFF))
-        for entry in kept
-    )
-    _decoded_histories.put(blob, decoded, len(blob))
+    if _decoded_histories.get(blob) is None:  # a family whose requests repeat: already kept
+        decoded = tuple(
+            RecordedRequest(PrefixFingerprints.interned(entry.prints), min(entry.shared, 0xFFFF))
+            for entry in kept
+        )
+        _decoded_histories.put(blob, decoded, len(blob))
     return blob
 
 
