@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from aiohttp import web
 
 from tests.support.clients import sdk_client
 from tests.support.gateway import anthropic_route, openai_route
@@ -112,3 +113,39 @@ def test_non_streaming_client_that_leaves_closes_the_upstream(mock_upstream, mak
         httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(0.5))
     left = time.perf_counter()
     assert_upstream_saw_client_leave(mock_upstream.mock, left)
+
+
+def test_finished_streams_leave_their_upstream_connection_for_the_next_request(make_gateway):
+    # The relay stops reading at `[DONE]`; the chunked body's terminator follows it, here a
+    # little later. A stream that ended so must not cost the next request a new connection (a
+    # TCP and TLS handshake to a remote provider); one the client abandons still drops its
+    # connection at once (test_client_disconnect_closes_upstream_within_a_second).
+    from tests.security.hostile_upstream import HostileServer, openai_stream
+
+    peers: list[int] = []
+    ended: list[float] = []
+
+    async def late_terminator(request):
+        peers.append(request.transport.get_extra_info("peername")[1])
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in openai_stream("hello there"):
+            await resp.write(event)
+        await asyncio.sleep(0.05)  # `[DONE]` is out; the body's end comes after it
+        await resp.write_eof()
+        ended.append(time.perf_counter())
+        return resp
+
+    with HostileServer(late_terminator) as upstream:
+        gw = make_gateway([openai_route(upstream)])
+        for sent in range(1, 7):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=30)
+            assert r.status_code == 200 and "hello" in r.text
+            deadline = time.perf_counter() + 10
+            while len(ended) < sent and time.perf_counter() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # the gateway reads the terminator and parks the connection
+    assert len(peers) == 6
+    # One connection carries them all, but a loaded machine may send the next request before
+    # the gateway has read a terminator (the warm spare takes it): never one per request.
+    assert len(set(peers)) <= 3, peers
