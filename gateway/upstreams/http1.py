@@ -324,9 +324,12 @@ class Http1Response:
 
     @property
     def content_type(self) -> str:
-        raw = self.headers.get("content-type")
-        media = raw.split(";", 1)[0].strip().lower() if raw else ""
-        return media or "application/octet-stream"
+        """The media type without parameters, lower-cased (as aiohttp gives it)."""
+        for name, value in self._raw:
+            if name.lower() == b"content-type":
+                media = value.split(b";", 1)[0].strip().lower()
+                return media.decode("latin-1") or "application/octet-stream"
+        return "application/octet-stream"
 
     @property
     def content_length(self) -> int | None:

@@ -405,3 +405,29 @@ def test_a_path_cannot_leave_the_origin_and_a_header_cannot_inject() -> None:
         request_head(origin, "/v1", {"x-beta": "a\r\nx-injected: 1"}, 0)
     with pytest.raises(ValueError):
         Origin("ftp://upstream.example")
+
+
+def test_the_media_type_reads_as_aiohttp_reads_it(run) -> None:
+    heads = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\n",
+        b"HTTP/1.1 200 OK\r\n",
+    ]
+
+    async def typed(reader, writer) -> None:
+        for head in heads:
+            await read_request(reader)
+            writer.write(head + b"content-length: 0\r\n\r\n")
+        await reader.read()
+
+    async def main() -> None:
+        async with Script(typed) as server:
+            pool = Http1Pool(server.url)
+            for expected in ("text/event-stream", "application/octet-stream"):
+                resp = await pool.post("/chat/completions", JSON, b"{}")
+                assert resp.content_type == expected
+                assert resp.headers.get("content-length") == "0"
+                resp.release()
+            assert server.connections == 1
+            await pool.aclose()
+
+    run(main())
