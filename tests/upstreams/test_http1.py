@@ -431,3 +431,74 @@ def test_the_media_type_reads_as_aiohttp_reads_it(run) -> None:
             await pool.aclose()
 
     run(main())
+
+
+def self_signed(tmp_path, host: str = "localhost") -> tuple[str, str]:
+    """A certificate for `host` and its key, as PEM files (the certificate is its own CA)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+def test_https_checks_the_servers_certificate_and_reuses_its_connection(run, tmp_path) -> None:
+    import ssl
+
+    cert, key = self_signed(tmp_path)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    connections = []
+
+    async def serve(reader, writer) -> None:
+        connections.append(writer)
+        try:
+            await serve_forever(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
+        port = server.sockets[0].getsockname()[1]
+        url = f"https://localhost:{port}/v1"
+        trusted = Http1Pool(url)
+        trusted.origin.__dict__["tls"] = ssl.create_default_context(cafile=cert)
+        assert [await read_all(trusted) for _ in range(3)] == [b"ok"] * 3
+        assert len(connections) == 1
+        stranger = Http1Pool(url)  # the system's CAs: this certificate is nobody's
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await stranger.post("/chat/completions", JSON, b"{}")
+        await trusted.aclose()
+        await stranger.aclose()
+        server.close()
+
+    run(main())
