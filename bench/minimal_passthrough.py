@@ -10,25 +10,67 @@ client costs is measured in the same run.
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import uvicorn
 
+JSON = {"content-type": "application/json"}
+# A client: start it, post a body (the answer's status and its body's reads), close it.
+Post = Callable[[bytes], Awaitable[tuple[int, AsyncIterator[bytes]]]]
 
-def make_http1_app(upstream: str):
+
+def aiohttp_client(upstream: str) -> tuple[Callable[[], Post], Callable[[], Awaitable[None]]]:
+    session: list[aiohttp.ClientSession] = []
+
+    def start() -> Post:
+        session.append(aiohttp.ClientSession())
+
+        async def post(body: bytes) -> tuple[int, AsyncIterator[bytes]]:
+            resp = await session[0].post(upstream + "/chat/completions", data=body, headers=JSON)
+            return resp.status, resp.content.iter_any()
+
+        return post
+
+    async def close() -> None:
+        await session[0].close()
+
+    return start, close
+
+
+def http1_client(upstream: str) -> tuple[Callable[[], Post], Callable[[], Awaitable[None]]]:
     from gateway.upstreams.http1 import Http1Pool
 
-    state: dict[str, Http1Pool] = {}
+    pools: list[Http1Pool] = []
+
+    def start() -> Post:
+        pools.append(Http1Pool(upstream))
+
+        async def post(body: bytes) -> tuple[int, AsyncIterator[bytes]]:
+            resp = await pools[0].post("/chat/completions", JSON, body)
+            return resp.status, resp.content.iter_any()
+
+        return post
+
+    async def close() -> None:
+        await pools[0].aclose()
+
+    return start, close
+
+
+def make_app(upstream: str, client: str = "aiohttp"):
+    start, close = (http1_client if client == "http1" else aiohttp_client)(upstream)
+    posts: list[Post] = []
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    state["pool"] = Http1Pool(upstream)
+                    posts.append(start())
                     await send({"type": "lifespan.startup.complete"})
                 else:
-                    await state["pool"].aclose()
+                    await close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["path"] == "/readyz":
@@ -41,68 +83,24 @@ def make_http1_app(upstream: str):
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        resp = await state["pool"].post(
-            "/chat/completions", {"content-type": "application/json"}, body
-        )
+        status, chunks = await posts[0](body)
         await send(
             {
                 "type": "http.response.start",
-                "status": resp.status,
+                "status": status,
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
-        async for chunk in resp.content.iter_any():
+        async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     return app
 
 
-def make_app(upstream: str):
-    state: dict[str, aiohttp.ClientSession] = {}
-
-    async def app(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    state["session"] = aiohttp.ClientSession()
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await state["session"].close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["path"] == "/readyz":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        async with state["session"].post(
-            upstream + "/chat/completions", data=body, headers={"content-type": "application/json"}
-        ) as resp:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": resp.status,
-                    "headers": [(b"content-type", b"text/event-stream")],
-                }
-            )
-            async for chunk in resp.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    return app
-
-
 if __name__ == "__main__":
-    client = sys.argv[3] if len(sys.argv) > 3 else "aiohttp"
     uvicorn.run(
-        (make_http1_app if client == "http1" else make_app)(sys.argv[2]),
+        make_app(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "aiohttp"),
         host="127.0.0.1",
         port=int(sys.argv[1]),
         log_level="warning",

@@ -4,7 +4,10 @@ history is decoded once per blob."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
+import pytest
 
 from policies import DEFAULT_POLICIES, build_chain, clear_caches, diagnostics, tokens
 from policies.diagnostics import PrefixFingerprints
@@ -61,15 +64,25 @@ def test_a_next_turn_counts_and_hashes_only_its_new_text(monkeypatch):
         assert hashed_chars <= 2 * new_text, per_turn
 
 
-def test_a_history_blob_is_decoded_once(monkeypatch):
-    decoded = []
+@pytest.fixture
+def decodes(monkeypatch) -> Callable[[], list[int]]:
+    """Start counting fingerprint decodings (each one's size); call to start, read the list."""
+    decoded: list[int] = []
     real = PrefixFingerprints._decode
 
     def counting(data: bytes) -> PrefixFingerprints:
         decoded.append(len(data))
         return real(data)
 
-    monkeypatch.setattr(PrefixFingerprints, "_decode", staticmethod(counting))
+    def start() -> list[int]:
+        monkeypatch.setattr(PrefixFingerprints, "_decode", staticmethod(counting))
+        return decoded
+
+    return start
+
+
+def test_a_history_blob_is_decoded_once(decodes):
+    decoded = decodes()
     clear_caches()
     chain = build_chain(DEFAULT_POLICIES, {})
     prints = chain.apply(conversation(3), OPENAI).fingerprints
@@ -81,14 +94,7 @@ def test_a_history_blob_is_decoded_once(monkeypatch):
     assert len(decoded) == 1  # four equal entries, five reads: one decode
 
 
-def test_a_history_this_gateway_encoded_is_read_back_without_decoding(monkeypatch):
-    decoded = []
-    real = PrefixFingerprints._decode
-
-    def counting(data: bytes) -> PrefixFingerprints:
-        decoded.append(len(data))
-        return real(data)
-
+def test_a_history_this_gateway_encoded_is_read_back_without_decoding(decodes):
     clear_caches()
     chain = build_chain(DEFAULT_POLICIES, {})
     history = []
@@ -97,7 +103,7 @@ def test_a_history_this_gateway_encoded_is_read_back_without_decoding(monkeypatc
         _, recorded = family_break(history, prints)
         history.append(recorded)
     blob = encode_history(history)
-    monkeypatch.setattr(PrefixFingerprints, "_decode", staticmethod(counting))
+    decoded = decodes()
     read_back = decode_history(blob)
     assert decoded == []  # the family's next request pays no decoding
     clear_caches()
