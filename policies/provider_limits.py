@@ -24,6 +24,7 @@ change them; check their current documentation before relying on a number.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -123,6 +124,7 @@ def _match(table: tuple[tuple[str, int], ...], name: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)  # a route's base URL, on every request: parse it once
 def _host(base_url: str | None) -> str:
     if not base_url:
         return ""
