@@ -25,6 +25,7 @@ What it does not do is as deliberate as what it does:
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import functools
 import socket
@@ -32,7 +33,7 @@ import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -67,13 +68,20 @@ class Origin:
         parts = urlsplit(base_url)
         if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
             raise ValueError(f"not an http(s) URL with a host: {base_url!r}")
-        self.base_url = base_url.rstrip("/")
         self.scheme = parts.scheme
         self.host = parts.hostname
         self.port = parts.port or _DEFAULT_PORTS[parts.scheme]
         shown = f"[{self.host}]" if ":" in self.host else self.host
         default = self.port == _DEFAULT_PORTS[parts.scheme]
         self.host_header = shown if default else f"{shown}:{self.port}"
+        # Credentials in the base URL (`http://user:pass@host/v1`), sent as aiohttp sends them:
+        # Basic auth, unless the request has its own Authorization.
+        self.basic_auth: str | None = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self.basic_auth = "Basic " + base64.b64encode(pair.encode("latin-1")).decode()
+        base_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        self.base_url = base_url.rstrip("/")
 
     @functools.cached_property
     def tls(self) -> ssl.SSLContext | None:
@@ -98,7 +106,7 @@ def request_head(origin: Origin, target: str, headers: Mapping[str, str], length
     """A POST's head. Like aiohttp: UTF-8, `Accept: */*` unless given, and a value or name with
     a line break refused (it would inject headers)."""
     lines = [f"POST {target} HTTP/1.1", f"Host: {origin.host_header}"]
-    accept = False
+    accept = authorization = False
     for name, value in headers.items():
         if any(c in name or c in value for c in _FORBIDDEN_IN_HEADERS):
             raise ValueError(f"header {name!r} has a line break or NUL: refused")
@@ -106,9 +114,12 @@ def request_head(origin: Origin, target: str, headers: Mapping[str, str], length
         if lowered in _SET_BY_CLIENT:
             continue
         accept = accept or lowered == "accept"
+        authorization = authorization or lowered == "authorization"
         lines.append(f"{name}: {value}")
     if not accept:
         lines.append("Accept: */*")
+    if origin.basic_auth is not None and not authorization:
+        lines.append(f"Authorization: {origin.basic_auth}")
     lines.append(f"Content-Length: {length}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
 

@@ -397,6 +397,15 @@ def test_the_request_head_is_the_one_aiohttp_sends() -> None:
     )
 
 
+def test_credentials_in_the_base_url_go_as_basic_auth_as_aiohttp_sends_them() -> None:
+    origin = Origin("http://vllm%40lab:s3cret@gpu-box:8000/v1")
+    assert origin.host_header == "gpu-box:8000" and origin.target("/x") == "/v1/x"
+    head = request_head(origin, "/v1/x", {}, 0)
+    assert b"Authorization: Basic dmxsbUBsYWI6czNjcmV0\r\n" in head  # vllm@lab:s3cret
+    bearer = request_head(origin, "/v1/x", {"authorization": "Bearer k"}, 0)
+    assert b"Basic" not in bearer and b"authorization: Bearer k" in bearer
+
+
 def test_a_path_cannot_leave_the_origin_and_a_header_cannot_inject() -> None:
     origin = Origin("http://upstream.example")
     with pytest.raises(ValueError):
