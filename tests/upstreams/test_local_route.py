@@ -130,23 +130,29 @@ def test_no_configuration_serves_the_demo_model(tmp_path, monkeypatch):
 
 
 def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway):
-    """Once the client has its first token the engine is held between steps until the gateway
-    posts the abort, so whatever the machine's speed, the request is still running when the
-    client leaves; it must then stop within a step, not generate its 1,500 tokens for nobody."""
+    """Once the engine has made the first token it is held between steps until the gateway posts
+    the abort, so whatever the machine's speed, the request is still running when the client
+    leaves; it must then stop within a step, not generate its 1,500 tokens for nobody."""
     gw = make_gateway([local_route(tiny_model)])
     gw.wait_ready()
     engine = gw.runtime.upstreams["engine"].local_engine
     llm, thread = engine.llm, engine.thread
     abort_posted = threading.Event()
-    seen_content = threading.Event()
+    first_token = threading.Event()
     steps_after_abort = []
     real_step, real_abort = llm.step, thread.abort
 
     def step():
-        if seen_content.is_set():
+        # Held from the step after the first token, not from when the client has read it: on a
+        # loaded machine the engine would otherwise finish all its tokens before the client
+        # thread gets to read the first.
+        if first_token.is_set():
             abort_posted.wait(30)  # hold generation until the gateway gives the request up
             steps_after_abort.append(1)
-        return real_step()
+        outputs = real_step()
+        if outputs:
+            first_token.set()
+        return outputs
 
     def abort(request_id):
         real_abort(request_id)
@@ -162,11 +168,13 @@ def test_client_leaving_mid_stream_frees_engine_blocks(tiny_model, make_gateway)
     }
     try:
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            seen = []
             for line in r.iter_lines():
+                seen.append(line)
                 if '"content"' in line and '"content":""' not in line:
-                    seen_content.set()
                     break
-            assert llm.has_unfinished()
+            # What the client read and whether the gateway gave the request up, if it ended early.
+            assert llm.has_unfinished(), (seen[:3], seen[-3:], abort_posted.is_set())
         assert abort_posted.wait(30), "the gateway never gave up the request of a client that left"
         deadline = time.monotonic() + 30
         while llm.has_unfinished() and time.monotonic() < deadline:
