@@ -261,8 +261,9 @@ def test_an_answer_without_a_length_ends_with_its_connection(run) -> None:
         b"HTTP/1.1 200 OK\r\n" + b"x-many: 1\r\n" * 200 + b"content-length: 0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 2\r\n\r\nok",
         b"NOT HTTP AT ALL\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" * 4000,
     ],
-    ids=["huge-head", "many-headers", "compressed", "garbage"],
+    ids=["huge-head", "many-headers", "compressed", "garbage", "endless-interim-heads"],
 )
 def test_an_answer_that_breaks_a_limit_or_http_is_refused(run, head) -> None:
     async def answers(reader, writer) -> None:
