@@ -39,6 +39,7 @@ log = logging.getLogger("firsttoken.upstream")
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 WARM_UP_READ_BYTES = 1024 * 1024
+WARM_UP_TIMEOUT_S = 5.0  # a route's start waits no longer for its warm connections
 MODELS_TTL_S = 60.0
 MODELS_TIMEOUT_S = 2.0
 # An upstream's model list is untrusted like any answer: bounded in bytes, entries and id length.
@@ -233,8 +234,11 @@ class UpstreamHttp:
         cold pool is slower, not broken: failures are only logged): the generation requests'
         own, and aiohttp's with a small GET."""
         await asyncio.gather(
-            self.posts.warm(connections),
-            *(self.get_json(path, 5.0, WARM_UP_READ_BYTES) for _ in range(connections)),
+            self.posts.warm(connections, WARM_UP_TIMEOUT_S),
+            *(
+                self.get_json(path, WARM_UP_TIMEOUT_S, WARM_UP_READ_BYTES)
+                for _ in range(connections)
+            ),
         )
 
     async def status_error(self, resp: UpstreamResponse) -> UpstreamError:

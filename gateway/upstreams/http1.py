@@ -167,15 +167,19 @@ class Http1Pool:
             self._slots.release()
             raise
 
-    async def warm(self, connections: int) -> None:
-        """Open up to `connections` idle connections now, so that the first requests pay no
-        TCP or TLS handshake; failures are the first request's to see."""
+    async def warm(self, connections: int, timeout_s: float) -> None:
+        """Open up to `connections` idle connections within `timeout_s`, so that the first
+        requests pay no TCP or TLS handshake; failures are the first request's to see."""
         missing = connections - len(self._idle)
         if missing <= 0:
             return
-        opened = await asyncio.gather(
-            *(self._connect() for _ in range(missing)), return_exceptions=True
-        )
+        try:
+            async with asyncio.timeout(timeout_s):
+                opened = await asyncio.gather(
+                    *(self._connect() for _ in range(missing)), return_exceptions=True
+                )
+        except TimeoutError:
+            return
         for conn in opened:
             if isinstance(conn, _Connection):
                 self._park(conn)

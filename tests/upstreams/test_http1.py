@@ -512,3 +512,16 @@ def test_https_checks_the_servers_certificate_and_reuses_its_connection(run, tmp
         server.close()
 
     run(main())
+
+
+def test_warm_connections_serve_the_first_requests(run) -> None:
+    async def main() -> None:
+        async with Script(serve_forever) as server:
+            pool = Http1Pool(server.url)
+            await pool.warm(2, timeout_s=5.0)
+            assert pool.idle_connections == 2
+            assert await read_all(pool) == b"ok"
+            assert server.connections == 2  # the request took a warm one; none was opened
+            await pool.aclose()
+
+    run(main())
