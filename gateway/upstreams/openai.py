@@ -111,9 +111,10 @@ class OpenAIEventStream:
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         parser = self._parser
         async for chunk in self._resp.content.iter_any():
-            if is_one_json_event(chunk) and not parser.holding and len(chunk) <= parser.limit:
-                # The usual read while a model streams: one whole event, one `data:` line.
-                yield [OutEvent.unread(chunk, chunk[6:-2])]
+            whole = None if parser.holding else json_events(chunk, parser.limit)
+            if whole is not None:
+                # The usual read while a model streams: whole events, one `data:` line each.
+                yield [OutEvent.unread(raw, raw[6:-2]) for raw in whole]
                 continue
             try:
                 events = parser.feed(chunk)
@@ -166,12 +167,16 @@ class OpenAIEventStream:
             self._resp.close()
 
 
-def is_one_json_event(chunk: bytes) -> bool:
-    """`chunk` is exactly one SSE event of a single `data: {...}` line (no other line, no CR):
-    what `SSEParser` would make of it is then known without parsing."""
-    return (
-        chunk[:7] == b"data: {"
-        and chunk[-2:] == b"\n\n"
-        and chunk.find(b"\n") == len(chunk) - 2
-        and b"\r" not in chunk
-    )
+def json_events(chunk: bytes, limit: int) -> list[bytes] | None:
+    """The events of `chunk` when it is whole SSE events of a single `data: {...}` line each (no
+    other line, no CR), none over `limit` bytes: what `SSEParser` would make of it is then known
+    without parsing. None for anything else."""
+    if chunk[:7] != b"data: {" or chunk[-2:] != b"\n\n" or b"\r" in chunk:
+        return None
+    if chunk.find(b"\n") == len(chunk) - 2:
+        return [chunk] if len(chunk) <= limit else None
+    parts = chunk[:-2].split(b"\n\n")
+    for part in parts:
+        if part[:7] != b"data: {" or b"\n" in part or len(part) + 2 > limit:
+            return None
+    return [part + b"\n\n" for part in parts]

@@ -1,5 +1,5 @@
-"""The OpenAI event stream reads a one-event chunk without the general SSE parser; whatever the
-chunking, the events it yields are the parser's."""
+"""The OpenAI event stream reads a chunk of whole one-line JSON events without the general SSE
+parser; whatever the chunking, the events it yields are the parser's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sse import SSEParser
-from gateway.upstreams.openai import OpenAIEventStream, is_one_json_event
+from gateway.upstreams.openai import OpenAIEventStream, json_events
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n',
@@ -66,8 +66,27 @@ def test_any_chunking_yields_the_parsers_events(events: list[bytes], cuts: list[
     assert _through_stream(chunks) == _through_parser(chunks)
 
 
-def test_only_a_whole_single_line_json_event_takes_the_short_way() -> None:
-    assert is_one_json_event(EVENTS[0]) and is_one_json_event(EVENTS[1])
-    assert not any(is_one_json_event(e) for e in EVENTS[2:5])
-    assert not is_one_json_event(EVENTS[0] + EVENTS[0])
-    assert not is_one_json_event(EVENTS[0][:-1])
+def test_only_whole_single_line_json_events_take_the_short_way() -> None:
+    one, two = EVENTS[0], EVENTS[1]
+    assert json_events(one, 1 << 20) == [one]
+    assert json_events(one + two + one, 1 << 20) == [one, two, one]
+    assert not any(json_events(e, 1 << 20) for e in EVENTS[2:5])
+    assert json_events(one + EVENTS[3], 1 << 20) is None  # a comment after a whole event
+    assert json_events(one + b"data: [DONE]\n\n", 1 << 20) is None
+    assert json_events(one + b"\n" + two, 1 << 20) is None  # an empty line between events
+    assert json_events(one[:-1], 1 << 20) is None
+    assert json_events(one + two[:-1], 1 << 20) is None
+
+
+def test_an_event_over_the_limit_is_left_to_the_parser() -> None:
+    one, two = EVENTS[0], EVENTS[1]
+    assert json_events(one + two, len(two)) == [one, two]
+    assert json_events(one + two, len(two) - 1) is None
+    assert json_events(two, len(two) - 1) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(EVENTS), min_size=1, max_size=8))
+def test_whole_events_in_one_read_are_the_parsers_events(events: list[bytes]) -> None:
+    chunk = b"".join(events)
+    assert _through_stream([chunk]) == _through_parser([chunk])
