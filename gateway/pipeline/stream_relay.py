@@ -138,6 +138,27 @@ class StreamRelay:
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
 
+    async def _first_out(
+        self, upstream: Upstream, body: dict, ctx: CallContext, route: Route, send: Send
+    ):
+        """Open the upstream stream and write its first events, before the attempt returns: the
+        client's first token does not wait for the attempt's bookkeeping. Once the upstream's
+        first events are here, the attempt has succeeded, so a failure to write them is not
+        the attempt's to retry: it is returned, for `_relay` to end the stream with it like any
+        failure mid-stream. Returns the stream, its iterator, and whether the stream is already
+        over (or that failure)."""
+        stream, iterator, first = await self._open_and_first(upstream, body, ctx, route, send)
+        over: bool | Exception
+        try:
+            await self._start(send)
+            over = await self._forward(send, first)
+        except Exception as exc:  # noqa: BLE001  # handed to _relay, which ends the stream
+            over = exc
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream, iterator, over
+
     async def _open_and_first(
         self, upstream: Upstream, body: dict, ctx: CallContext, route: Route, send: Send
     ):
@@ -187,8 +208,8 @@ class StreamRelay:
     async def _relay(self, send: Send) -> None:
         plan, record, answer = self.plan, self.record, self.answer
         try:
-            (stream, iterator, first), route = await self.proxy.attempt(
-                plan, record, lambda u, b, c, r: self._open_and_first(u, b, c, r, send)
+            (stream, iterator, over), route = await self.proxy.attempt(
+                plan, record, lambda u, b, c, r: self._first_out(u, b, c, r, send)
             )
         except UpstreamError as exc:
             record.ended_with(client_status(exc))
@@ -203,9 +224,10 @@ class StreamRelay:
         # The route's whole-request budget counts from when the answering attempt was sent.
         deadline = (record.upstream_sent or time.perf_counter()) + self.proxy.timeout(route)
         try:
-            await self._start(send)
             async with asyncio.timeout(deadline - time.perf_counter()):
-                if not await self._forward(send, first):
+                if isinstance(over, Exception):
+                    raise over
+                if not over:
                     async for batch in iterator:
                         if await self._forward(send, batch):
                             await _close_iterator(iterator)  # nothing after [DONE] is read

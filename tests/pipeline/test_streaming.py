@@ -149,3 +149,30 @@ def test_finished_streams_leave_their_upstream_connection_for_the_next_request(m
     # One connection carries them all, but a loaded machine may send the next request before
     # the gateway has read a terminator (the warm spare takes it): never one per request.
     assert len(set(peers)) <= 3, peers
+
+
+def test_a_failure_writing_the_first_events_ends_the_stream_without_a_retry(
+    mock_upstream, make_gateway, monkeypatch
+):
+    # The first events go out inside the attempt, but once they are here the attempt has
+    # succeeded: a failure to write them ends the stream like any failure mid-stream (an
+    # error event, then [DONE]), and the upstream is not asked again.
+    from gateway.pipeline.answer import ChatFormat
+
+    real = ChatFormat.events
+    calls: list[int] = []
+
+    def first_write_fails(self, batch, keep_usage):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("the first write breaks")
+        return real(self, batch, keep_usage)
+
+    monkeypatch.setattr(ChatFormat, "events", first_write_fails)
+    gw = make_gateway([openai_route(mock_upstream)], retry_attempts=3)
+    r = httpx.post(gw.url + "/v1/chat/completions", json={**BODY, "stream": True}, timeout=30)
+    assert r.status_code == 200
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and '"error"' in events[-2], events
+    assert len(calls) == 1  # nothing was read or written after the failure
+    assert [q["path"] for q in mock_upstream.mock.requests] == ["/v1/chat/completions"]
