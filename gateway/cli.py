@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.config.settings import SettingsError, load_settings
-    from gateway.run.server import server_config
+    from gateway.run.server import QuietServer, server_config
 
     worker = args.worker_index is not None  # one of `--workers N` processes (gateway.run.workers)
     # Configured before the settings load, so that their start-up warnings are formatted too.
@@ -89,7 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         server: uvicorn.Server = HeartbeatServer(config, args.worker_heartbeat_fd)
     else:
-        server = uvicorn.Server(config)
+        server = QuietServer(config)
     if worker and args.worker_parent is not None:
         from gateway.run import workers
         from gateway.run.supervision import exit_with_parent

@@ -43,7 +43,7 @@ from engine_backend.disaggregate import check_arguments, split_devices
 from gateway.app import create_app
 from gateway.config.settings import SettingsError, load_settings
 from gateway.run import supervision
-from gateway.run.server import server_config
+from gateway.run.server import QuietServer, server_config
 from gateway.run.supervision import Child, Restarts, StopSignals, stop_children
 
 logger = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ class Deployment:
             timeout_keep_alive=75,
             timeout_graceful_shutdown=self.grace_s,
         )
-        self._server = server = uvicorn.Server(config)
+        self._server = server = QuietServer(config)
         self._router = thread = threading.Thread(target=server.run, name="pd-router", daemon=True)
         thread.start()
         deadline = time.monotonic() + ROUTER_START_S

@@ -19,6 +19,8 @@ import socket
 
 import uvicorn
 
+from gateway.run.server import QuietServer
+
 HEARTBEAT_S = 0.5
 HANG_S = 10.0  # silence after which a worker that beat before is replaced
 
@@ -37,8 +39,8 @@ async def heartbeat(fd: int, interval_s: float = HEARTBEAT_S) -> None:
         await asyncio.sleep(interval_s)
 
 
-class HeartbeatServer(uvicorn.Server):
-    """uvicorn's server, beating on `beat_fd` from its event loop once it has started."""
+class HeartbeatServer(QuietServer):
+    """The gateway's server, beating on `beat_fd` from its event loop once it has started."""
 
     def __init__(self, config: uvicorn.Config, beat_fd: int) -> None:
         super().__init__(config)
