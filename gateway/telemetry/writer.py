@@ -23,7 +23,9 @@ at most `ADVICE_PENDING_MAX` of them) and go to the store after each batch; they
 so a retried write may count them twice.
 
 While idle the writer pings the store every `HEALTH_PROBE_S` (every backoff step while
-failing), so `failures` tells the truth about the store even when nothing is written.
+failing), so `failures` tells the truth about the store even when nothing is written; between
+pings it sleeps until something is queued (then waits `flush_interval_s` to gather a batch), so
+an idle gateway's loop is not woken ten times a second for nothing.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class BatchWriter:
         self._seq = itertools.count(1)
         self._pending: _Batch | None = None
         self._last_contact = float("-inf")  # monotonic time the store last answered
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a batch is full: flush now
+        self._work = asyncio.Event()  # something to write after an idle spell
         self._stop = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -126,6 +129,7 @@ class BatchWriter:
             self._drop(1)
             return False
         self._events.append(event)
+        self._work.set()
         if len(self._events) >= self.flush_batch and not self.failures:
             self._wake.set()
         return True
@@ -147,6 +151,7 @@ class BatchWriter:
             self.blobs_dropped += 1
             return False
         self._blobs[key] = (blob, ttl_s)
+        self._work.set()
         self._blob_bytes += size
         self._tenant_blob_bytes[tenant] = tenant_bytes + size
         return True
@@ -172,6 +177,7 @@ class BatchWriter:
             pending = self._advice[key] = {}
         for name, amount in fields.items():
             pending[name] = pending.get(name, 0) + amount
+        self._work.set()
         return True
 
     async def _write_advice(self) -> None:
@@ -299,7 +305,13 @@ class BatchWriter:
                 await self._sleep_unless_stopped(self._stop, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
             else:
-                await self._sleep_unless_stopped(self._wake, self.flush_interval_s)
+                if not self._has_work():
+                    await self._sleep_unless_stopped(self._work, self._until_probe_s())
+                    self._work.clear()
+                    if self._stop.is_set():
+                        break
+                if self._has_work():  # gather a batch
+                    await self._sleep_unless_stopped(self._wake, self.flush_interval_s)
                 self._wake.clear()
             if self._stop.is_set():
                 break
@@ -315,6 +327,17 @@ class BatchWriter:
                 self.failures = 0
                 backoff = BACKOFF_FIRST_S
 
+    def _has_work(self) -> bool:
+        return bool(self._events or self._blobs or self._advice)
+
+    def _until_probe_s(self) -> float:
+        """Seconds until an idle writer's next ping of the store is due (never less than a
+        flush interval: a store that cannot be pinged must not make the writer spin)."""
+        if getattr(self.store, "ping", None) is None:
+            return HEALTH_PROBE_S
+        due = self._last_contact + HEALTH_PROBE_S - time.monotonic()
+        return min(HEALTH_PROBE_S, max(self.flush_interval_s, due))
+
     @staticmethod
     async def _sleep_unless_stopped(event: asyncio.Event, timeout_s: float) -> None:
         try:
@@ -326,6 +349,7 @@ class BatchWriter:
         """Stop the task and flush what is buffered, giving up after `timeout_s`."""
         self._stop.set()
         self._wake.set()
+        self._work.set()
         if self._task is not None:
             task, self._task = self._task, None
             try:

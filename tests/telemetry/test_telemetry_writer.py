@@ -87,3 +87,38 @@ async def test_fingerprints_latest_put_wins() -> None:
     await telemetry.writer.drain()
     assert await telemetry.get_fingerprints("acme", "gpt") == b"two"
     assert await telemetry.get_fingerprints("acme", "claude") is None
+
+
+class CountingStore(SwitchableStore):
+    """Counts the writer's pings (an idle writer's only contact with the store)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings = 0
+
+    async def ping(self) -> None:
+        self.pings += 1
+
+
+async def test_an_idle_writer_sleeps_until_there_is_something_to_write() -> None:
+    store = CountingStore()
+    telemetry = Telemetry(store, Settings(), flush_interval_s=0.01, flush_batch=100)
+    await telemetry.start()
+    woken = 0
+    drain_or_probe = telemetry.writer._drain_or_probe
+
+    async def counted() -> None:
+        nonlocal woken
+        woken += 1
+        await drain_or_probe()
+
+    telemetry.writer._drain_or_probe = counted  # type: ignore[method-assign]
+    await asyncio.sleep(0.3)
+    # Its first probe at most; woken every 10 ms interval it would have come here ~30 times.
+    assert woken <= 1 and store.pings <= 1
+    telemetry.record(_event())
+    deadline = time.monotonic() + 10
+    while not telemetry.writer.written and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert telemetry.writer.written == 1 and await _count(telemetry) == 1
+    await telemetry.aclose()
