@@ -5,16 +5,18 @@ request for its family (O(1)) and, when sampled, starts a task of its own that i
 by the request, so the report headers (and the first token) never wait for it:
 
 1. read the family's variant history (a telemetry blob: in process, or Redis),
-2. transform the ORIGINAL body under each variant, fingerprint, compare (in a worker thread,
-   unless the prompt is small enough that the hop would cost more than the work),
+2. transform the ORIGINAL body under each variant, fingerprint, compare (on the advisor's own
+   worker thread, unless the prompt is small enough that the hop would cost more than the work),
 3. queue the counters and the new history for the telemetry writer (batched like the rest).
 
 Cost is bounded three ways. One evaluation runs at a time per gateway process; a request that
 arrives while one runs is counted but not evaluated (this is the "pool busy: skip" rule, on a
 thread of its own: the heavy-work pool admits one job per tenant, so shadow work there would
 make the tenant's next big request wait behind it). At most ``MAX_EVALUATIONS_PER_S`` a second
-(a token bucket with ``BURST``). And a CPU budget: the evaluations' own CPU time (thread time,
-measured) stays within ``CPU_SHARE`` of the gateway process's CPU time (a bucket that fills
+(a token bucket with ``BURST``). And a CPU budget: the evaluations' own CPU time (measured: on the
+loop, the thread time of the work; off it, all the CPU time of the advisor's thread, its wake-ups
+and hand-offs included, which on a gateway between streams cost as much as the work itself)
+stays within ``CPU_SHARE`` of the gateway process's CPU time (a bucket that fills
 with that share of the process's CPU as it is spent, up to ``CPU_BURST_S``, and that each
 evaluation drains by what it cost), so the advisor's share of the gateway's work is bounded
 whatever the prompts' length; above either bound, requests are sampled. Shares are
@@ -33,6 +35,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gateway.telemetry.store import ADVICE_BUCKET_S
@@ -83,6 +86,8 @@ class CacheAdvisor:
         self._cpu_seen = time.process_time()
         self.cpu_spent_s = 0.0
         self._busy = False
+        self._worker: ThreadPoolExecutor | None = None  # started on the first big evaluation
+        self._worker_cpu_s = 0.0  # the worker thread's CPU time when its last job ended
         self._tasks: set[asyncio.Task[None]] = set()
         self.evaluated = 0
         self.skipped = 0
@@ -115,6 +120,26 @@ class CacheAdvisor:
     def _charge(self, cpu_s: float) -> None:
         self.cpu_spent_s += cpu_s
         self._cpu_budget -= cpu_s
+
+    async def _timed(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on the loop, charged its thread time."""
+        started = time.thread_time()
+        try:
+            return work(*args)
+        finally:
+            self._charge(time.thread_time() - started)
+
+    async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on the advisor's thread, charged all that thread's CPU time since its
+        previous job ended: the work, and waking up for it."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="firsttoken-advisor")
+            weakref.finalize(self, self._worker.shutdown, wait=False)
+        loop = asyncio.get_running_loop()
+        out, cpu_s = await loop.run_in_executor(self._worker, _run_and_clock, work, args)
+        self._charge(cpu_s - self._worker_cpu_s)
+        self._worker_cpu_s = cpu_s
+        return out
 
     def observe(self, tenant: str, result: PolicyResult) -> None:
         """Count the request in the tenant's totals; maybe start its shadow evaluation. O(1) on
@@ -153,20 +178,11 @@ class CacheAdvisor:
             inline = result.fingerprints is not None and (
                 result.fingerprints.total_tokens <= INLINE_MAX_TOKENS
             )
-            shadow = _timed(self.chains.fingerprints)
-            if inline:
-                (family, current), spent = shadow(result, route, tenant)
-            else:
-                (family, current), spent = await asyncio.to_thread(shadow, result, route, tenant)
-            self._charge(spent)
+            run = self._timed if inline else self._off_loop
+            family, current = await run(self.chains.fingerprints, result, route, tenant)
             key = HISTORY_PREFIX + family
             blob = await self._telemetry.get_fingerprints(tenant, key)
-            account = _timed(self.account)
-            if inline:
-                (fields, new_blob), spent = account(blob, current, route)
-            else:
-                (fields, new_blob), spent = await asyncio.to_thread(account, blob, current, route)
-            self._charge(spent)
+            fields, new_blob = await run(self.account, blob, current, route)
             self._telemetry.put_fingerprints(tenant, key, new_blob, HISTORY_TTL_S)
             self._telemetry.put_advice(tenant, family, bucket, fields)
             self.evaluated += 1
@@ -178,15 +194,10 @@ class CacheAdvisor:
             self._busy = False
 
 
-def _timed(work: Callable[..., T]) -> Callable[..., tuple[T, float]]:
-    """``work`` that also returns the CPU time it took on the thread that ran it."""
-
-    def run(*args: Any) -> tuple[T, float]:
-        started = time.thread_time()
-        out = work(*args)
-        return out, time.thread_time() - started
-
-    return run
+def _run_and_clock(work: Callable[..., T], args: tuple[Any, ...]) -> tuple[T, float]:
+    """``work(*args)`` and the CPU time of the thread that ran it, when it ended."""
+    out = work(*args)
+    return out, time.thread_time()
 
 
 _advisors: weakref.WeakKeyDictionary[Any, CacheAdvisor] = weakref.WeakKeyDictionary()

@@ -181,6 +181,29 @@ async def test_the_advisor_keeps_to_its_share_of_the_process_cpu():
     assert advisor.cpu_spent_s <= CPU_SHARE * total + CPU_BURST_S + largest
 
 
+async def test_work_off_the_loop_is_charged_all_of_its_threads_cpu():
+    """The hop to the advisor's thread costs CPU too (the thread's start, its wake-ups): the
+    budget is charged the thread's whole CPU time, not only the work's."""
+    import threading
+    import time
+
+    advisor = advisor_for(_telemetry())
+
+    def spin(seconds: float) -> int:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+        return threading.get_ident()
+
+    threads = {await advisor._off_loop(spin, 0.005) for _ in range(3)}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert advisor.cpu_spent_s >= 0.015
+    # The thread's CPU clock at the end of its last job: all of it has been charged (and only
+    # the return from that job besides).
+    clock = await advisor._off_loop(time.thread_time)
+    assert clock <= advisor.cpu_spent_s <= clock + 0.01
+
+
 def _advice_routes(telemetry: Telemetry, keys: KeyRing) -> list:
     settings = load_settings(environ={})
     admission = Admission(settings, keys, Upstreams(RouteTable([]), settings))
