@@ -11,16 +11,20 @@ machine), conversations arriving as a Poisson process of `--rate` per second, 3-
 with a think time after every answer; at 60% of the run engine e0 turns 300 ms slower (held
 slot included). The variants run one after another on the same engines, reset in between:
 round robin, least loaded and prefix affinity (the gateway, one real process, with
-`load_metrics: vllm`), then sglang-router `cache_aware` if `sglang_router` is installed
-(skipped with a message otherwise).
+`load_metrics: vllm`), a bare Python relay (`bench/minimal_passthrough.py` with the gateway's
+HTTP client, taking the engines in turn: no parsing, policies, telemetry or choice, the floor
+for the CPU figure of any Python router on this machine), then sglang-router `cache_aware` if
+`sglang_router` is installed (skipped with a message otherwise).
 
 Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99
 after warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of
 sequential short requests through the router minus straight to an engine); TTFT p99 after the
 slowdown; e0's share of conversations that began in the 20 s after it; follow-up turns after
 the slowdown served by another replica than their previous turn; router CPU per 1,000
-requests. After the prefix affinity run, one tenant sends 12 requests that fail (400s, 500s its
-own bodies cause) and `/readyz` must still show every replica healthy. Writes
+requests (user and system time of its process tree over the workload, idle time included) and
+while idle (read for 3 s before the workload, 1 s with `--quick`). After the prefix affinity
+run, one tenant sends 12 requests that fail (400s, 500s its own bodies cause) and `/readyz`
+must still show every replica healthy. Writes
 bench/results/fleet_http.json, with what explains the figures: the cached share before and
 after the slowdown per engine (and the part lost to system prompts recomputed), how many
 engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
@@ -52,6 +56,7 @@ from bench.harness import (
     drain_log,
     free_port,
     start_gateway,
+    start_minimal_passthrough,
     stop,
     stop_tree,
     tree_cpu_s,
@@ -61,6 +66,7 @@ from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
+IDLE_S = 3.0  # the router's CPU is read this long while idle, before the workload
 WORDS = [f"w{i}" for i in range(5000)]
 
 
@@ -223,7 +229,7 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass
 class Variant:
     name: str
-    kind: str  # "gateway" or "sglang"
+    kind: str  # "gateway", "floor" (bench/minimal_passthrough.py) or "sglang"
     balance: str = ""
     result: dict = field(default_factory=dict)
 
@@ -261,6 +267,10 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
         drain_log(proc, collections.deque(maxlen=50))  # a chatty log must never block it
+        return proc, base + "/chat/completions"
+    if variant.kind == "floor":
+        upstreams = ",".join(e + "/v1" for e in engines)
+        proc, base = start_minimal_passthrough(upstreams, "http1")
         return proc, base + "/chat/completions"
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
@@ -310,6 +320,10 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         routed = asyncio.run(low_load_ttft(url, args.probes))
         for e in engines:
             control(e, {"reset": True})
+        idle_s = 1.0 if args.quick else IDLE_S
+        idle_before = tree_cpu_s(router.pid)
+        time.sleep(idle_s)
+        idle = (tree_cpu_s(router.pid) - idle_before) / idle_s
         cpu_before = tree_cpu_s(router.pid)
         costs: list | None = [] if variant.kind == "gateway" and args.watch_costs else None
         turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
@@ -320,6 +334,7 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         if router is not None:
             stop_tree(router)
     result = summarize(turns, stats, direct, routed, cpu, failures, args)
+    result["router_cpu_idle_ms_per_s"] = 1000 * idle
     result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
     result["costs_after_slowdown"] = costs
@@ -452,6 +467,7 @@ def variants(args) -> list[Variant]:
         Variant("round robin", "gateway", "round_robin"),
         Variant("least loaded", "gateway", "least_loaded"),
         Variant("prefix affinity", "gateway", "prefix_affinity"),
+        Variant("bare Python relay", "floor"),
     ]
     try:
         import sglang_router  # noqa: F401
@@ -473,6 +489,7 @@ ROWS = (
     ("e0's share of new sessions, 20 s after", "slow_share_of_new_sessions", "{:.1%}"),
     ("warm follow-ups moved off their replica", "warm_follow_ups_moved", "{}"),
     ("router CPU per 1,000 requests, s", "router_cpu_s_per_1000", "{:.2f}"),
+    ("router CPU while idle, ms per s", "router_cpu_idle_ms_per_s", "{:.1f}"),
     ("requests (errors)", "requests", "{}"),
 )
 

@@ -4,11 +4,15 @@ telemetry or SSE parsing). `gateway_overhead.py` runs it beside the gateway twic
 aiohttp's client, and with the gateway's own (`gateway.upstreams.http1`), so that what the
 client costs is measured in the same run.
 
-    python bench/minimal_passthrough.py PORT UPSTREAM_BASE_URL [aiohttp|http1]
+    python bench/minimal_passthrough.py PORT UPSTREAM_BASE_URL[,...] [aiohttp|http1]
+
+With several upstreams it takes them in turn, one request each (`bench/fleet_http.py`'s floor
+in front of its engines).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -58,19 +62,22 @@ def http1_client(upstream: str) -> tuple[Callable[[], Post], Callable[[], Awaita
     return start, close
 
 
-def make_app(upstream: str, client: str = "aiohttp"):
-    start, close = (http1_client if client == "http1" else aiohttp_client)(upstream)
+def make_app(upstreams: str, client: str = "aiohttp"):
+    make = http1_client if client == "http1" else aiohttp_client
+    clients = [make(upstream) for upstream in upstreams.split(",")]
     posts: list[Post] = []
+    turn = itertools.count()
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    posts.append(start())
+                    posts.extend(start() for start, _ in clients)
                     await send({"type": "lifespan.startup.complete"})
                 else:
-                    await close()
+                    for _, close in clients:
+                        await close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["path"] == "/readyz":
@@ -83,7 +90,7 @@ def make_app(upstream: str, client: str = "aiohttp"):
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        status, chunks = await posts[0](body)
+        status, chunks = await posts[next(turn) % len(posts)](body)
         await send(
             {
                 "type": "http.response.start",

@@ -1,5 +1,5 @@
-"""bench/fleet_http.py runs end to end at tiny sizes: engines, the gateway, the workload, the
-slowdown, one tenant's failing requests, the JSON."""
+"""bench/fleet_http.py runs end to end at tiny sizes: engines, the gateway and the bare relay,
+the workload, the slowdown, one tenant's failing requests, the JSON."""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     out = tmp_path / "fleet_http.json"
     argv = [sys.executable, os.path.join(ROOT, "bench", "fleet_http.py"), "--quick"]
     argv += ["--seconds", "6", "--replicas", "2", "--tenants", "3", "--rate", "1.5"]
-    argv += ["--probes", "3", "--only", "prefix_affinity", "--out", str(out)]
+    argv += ["--probes", "3", "--only", "prefix_affinity,floor", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())["variants"]["prefix affinity"]
+    variants = json.loads(out.read_text())["variants"]
+    result = variants["prefix affinity"]
     assert result["requests"] > 0 and result["errors"] == 0
     assert 0.0 < result["cached_share"] <= 1.0
     assert sum(result["served"].values()) == result["requests"]
     failures = result["tenant_failures"]
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
     assert "cached share of prompt tokens" in proc.stdout
+    # the floor relays every request, taking the engines in turn
+    floor = variants["bare Python relay"]
+    assert floor["requests"] > 1 and floor["errors"] == 0, floor
+    assert all(floor["served"].values()) and sum(floor["served"].values()) == floor["requests"]
+    assert floor["router_cpu_idle_ms_per_s"] >= 0 and floor["router_cpu_s_per_1000"] > 0
