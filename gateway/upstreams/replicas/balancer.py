@@ -226,7 +226,13 @@ class Balancer:
         turns = self.latency.turns_per_session
         prefill = self.latency.prefill_ms_per_token
         first = blocks[0] if total else b""
-        seen = [r.latency for r in self.replicas]
+        excess_of = dict(
+            zip(
+                (r.name for r in self.replicas),
+                self.latency.excesses([r.latency for r in self.replicas]),
+                strict=True,
+            )
+        )
         best: tuple[float, int, int, float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
@@ -244,7 +250,7 @@ class Balancer:
             # onto a slower replica costs that replica's excess on every turn it will have
             # there (it stays there from then on), as a new conversation does
             stays = not first_turn and r is home
-            excess = 0.0 if stays else self.latency.excess_ms(r.latency, seen)
+            excess = 0.0 if stays else excess_of[r.name]
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
             key = (cost, -matched, -sent, self._busy(r), _rendezvous(first, r.name))
             if best is None or key < best:
@@ -252,9 +258,9 @@ class Balancer:
         if first_turn:
             # the guard against the wait and prefill estimates gone wrong, not against a
             # measured slowdown: only replicas no slower than the pick may take the request
-            no_slower = self.latency.excess_ms(picked.latency, seen)
+            no_slower = excess_of[picked.name]
             least = min(
-                (r for r in healthy if self.latency.excess_ms(r.latency, seen) <= no_slower),
+                (r for r in healthy if excess_of[r.name] <= no_slower),
                 key=lambda r: (self.relative_load(r), r.name),
             )
             if least is not picked and self._too_uneven(picked, least):
@@ -363,18 +369,18 @@ class Balancer:
     def costs(self) -> dict[str, object]:
         """The cost function's terms as they stand, for operators: the route's prefill rate and
         turns per conversation, and each replica's fixed part, excess, slot time and wait."""
-        seen = [r.latency for r in self.replicas]
+        excesses = self.latency.excesses([r.latency for r in self.replicas])
         return {
             "prefill_ms_per_token": round(self.latency.prefill_ms_per_token, 4),
             "turns_per_session": round(self.latency.turns_per_session, 2),
             "replicas": {
                 r.name: {
                     "fixed_ms": _rounded(r.latency.fixed_ms),
-                    "excess_ms": round(self.latency.excess_ms(r.latency, seen), 1),
+                    "excess_ms": round(excess, 1),
                     "service_ms": _rounded(r.latency.service_ms),
                     "wait_ms": round(self.wait_ms(r), 1),
                 }
-                for r in self.replicas
+                for r, excess in zip(self.replicas, excesses, strict=True)
             },
         }
 

@@ -101,17 +101,33 @@ class FleetLatency:
         """How much slower `replica`'s fixed part is than the fastest of `fleet`'s, counting
         only what stands out of the noise: a difference under three times the residuals'
         median absolute deviation (each from its replica's median, pooled over the fleet)
-        is 0. A replica not yet seen is
-        assumed like the others (0)."""
+        is 0. A replica not yet seen is assumed like the others (0)."""
         own = replica.fixed_ms
         if own is None:
             return 0.0
-        medians = [f for f in (r.fixed_ms for r in fleet) if f is not None]
+        return max(0.0, own - self._slowest_unremarkable(fleet))
+
+    def excesses(self, fleet: list[ReplicaLatency]) -> list[float]:
+        """`excess_ms` of each of `fleet`'s replicas, in one pass over the fleet (a choice
+        weighs them all)."""
+        fixed = [r.fixed_ms for r in fleet]
+        if all(f is None for f in fixed):
+            return [0.0] * len(fleet)
+        floor = self._slowest_unremarkable(fleet, fixed)
+        return [0.0 if f is None else max(0.0, f - floor) for f in fixed]
+
+    @staticmethod
+    def _slowest_unremarkable(
+        fleet: list[ReplicaLatency], fixed: list[float | None] | None = None
+    ) -> float:
+        """The fixed part above which a replica stands out as slower: the fastest replica's
+        plus three times the pooled deviation (some replica of `fleet` has been seen)."""
+        if fixed is None:
+            fixed = [r.fixed_ms for r in fleet]
         deviations = [
             abs(x - median)
-            for r in fleet
-            if (median := r.fixed_ms) is not None
+            for r, median in zip(fleet, fixed, strict=True)
+            if median is not None
             for x in r.residuals
         ]
-        spread = statistics.median(deviations)
-        return max(0.0, own - min(medians) - 3.0 * spread)
+        return min(f for f in fixed if f is not None) + 3.0 * statistics.median(deviations)

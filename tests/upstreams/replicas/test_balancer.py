@@ -130,6 +130,14 @@ def test_observed_ttfts_fit_the_prefill_rate_and_each_replicas_fixed_part() -> N
     assert c.latency.fixed_ms == pytest.approx(320.0, abs=5)
     assert b.latency.excess_ms(c.latency, fleet) == pytest.approx(300.0, abs=5)
     assert b.latency.excess_ms(a.latency, fleet) == 0.0
+    # all of them at once, as a choice takes them: the same figures, and 0 for one never seen
+    unseen = replica("u")
+    with_unseen = [*fleet, unseen.latency]
+    assert b.latency.excesses(with_unseen) == [
+        b.latency.excess_ms(r, with_unseen) for r in with_unseen
+    ]
+    assert b.latency.excesses(with_unseen)[1] == pytest.approx(300.0, abs=5)
+    assert b.latency.excesses([unseen.latency, replica("v").latency]) == [0.0, 0.0]
     # a request that waited for a slot says nothing of the fixed part
     b.first_token(Choice(a, 0, 0, "affinity", 100.0, free_slot=False), 5.0)
     assert a.latency.fixed_ms == pytest.approx(20.0)
