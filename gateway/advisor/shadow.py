@@ -122,7 +122,8 @@ class CacheAdvisor:
         self._cpu_budget -= cpu_s
 
     async def _timed(self, work: Callable[..., T], *args: Any) -> T:
-        """``work(*args)`` on the loop, charged its thread time."""
+        """``work(*args)`` on the loop, charged its thread time (a coroutine only so that
+        `_evaluate` calls it as it calls `_off_loop`)."""
         started = time.thread_time()
         try:
             return work(*args)

@@ -308,8 +308,6 @@ class BatchWriter:
                 if not self._has_work():
                     await self._sleep_unless_stopped(self._work, self._until_probe_s())
                     self._work.clear()
-                    if self._stop.is_set():
-                        break
                 if self._has_work():  # gather a batch
                     await self._sleep_unless_stopped(self._wake, self.flush_interval_s)
                 self._wake.clear()

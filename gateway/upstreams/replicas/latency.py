@@ -105,7 +105,7 @@ class FleetLatency:
         own = replica.fixed_ms
         if own is None:
             return 0.0
-        return max(0.0, own - self._slowest_unremarkable(fleet))
+        return max(0.0, own - _slowest_unremarkable(fleet, [r.fixed_ms for r in fleet]))
 
     def excesses(self, fleet: list[ReplicaLatency]) -> list[float]:
         """`excess_ms` of each of `fleet`'s replicas, in one pass over the fleet (a choice
@@ -113,21 +113,18 @@ class FleetLatency:
         fixed = [r.fixed_ms for r in fleet]
         if all(f is None for f in fixed):
             return [0.0] * len(fleet)
-        floor = self._slowest_unremarkable(fleet, fixed)
+        floor = _slowest_unremarkable(fleet, fixed)
         return [0.0 if f is None else max(0.0, f - floor) for f in fixed]
 
-    @staticmethod
-    def _slowest_unremarkable(
-        fleet: list[ReplicaLatency], fixed: list[float | None] | None = None
-    ) -> float:
-        """The fixed part above which a replica stands out as slower: the fastest replica's
-        plus three times the pooled deviation (some replica of `fleet` has been seen)."""
-        if fixed is None:
-            fixed = [r.fixed_ms for r in fleet]
-        deviations = [
-            abs(x - median)
-            for r, median in zip(fleet, fixed, strict=True)
-            if median is not None
-            for x in r.residuals
-        ]
-        return min(f for f in fixed if f is not None) + 3.0 * statistics.median(deviations)
+
+def _slowest_unremarkable(fleet: list[ReplicaLatency], fixed: list[float | None]) -> float:
+    """The fixed part (`fixed`: each of `fleet`'s, None where not seen) above which a replica
+    stands out as slower: the fastest replica's plus three times the pooled deviation. Some
+    replica of `fleet` has been seen."""
+    deviations = [
+        abs(x - median)
+        for r, median in zip(fleet, fixed, strict=True)
+        if median is not None
+        for x in r.residuals
+    ]
+    return min(f for f in fixed if f is not None) + 3.0 * statistics.median(deviations)
