@@ -7,8 +7,11 @@ and the tenant's prompt go to the route's origin only), bodies are read within b
 and an answer in the wrong media type is an upstream error.
 
 Generation requests (`post`) go through `Http1Pool`, a keep-alive HTTP/1.1 client made for
-exactly that (`gateway.upstreams.http1`, which says why); everything else (passthrough, model
-lists, `/metrics` reads, signed Bedrock calls) through aiohttp's session.
+exactly that (`gateway.upstreams.http1`, which says why), and so do the `/metrics` reads of a
+replicated route, on a pool of their own at the origin (at most `ORIGIN_READS` connections: a
+server that stops answering them ties up two connections, never the generation requests'
+slots); everything else (passthrough, model lists, signed Bedrock calls) through aiohttp's
+session.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ MODELS_TIMEOUT_S = 2.0
 MODELS_MAX_BYTES = 4 * 1024 * 1024
 MODELS_MAX_ENTRIES = 1000
 MODEL_ID_MAX_CHARS = 256
+ORIGIN_READS = 2  # connections for reads at the origin (`/metrics`), apart from the requests'
 
 
 class ResponseTooLarge(Exception):
@@ -87,6 +91,7 @@ class UpstreamHttp:
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._posts: Http1Pool | None = None
+        self._origin_reads: Http1Pool | None = None
         self._models: tuple[float, list[dict[str, Any]]] | None = None
 
     @property
@@ -107,6 +112,12 @@ class UpstreamHttp:
             self._posts = Http1Pool(
                 self.base_url, size=self._pool_size, connect_timeout_s=self._connect_timeout_s
             )
+            parts = urlsplit(self.base_url)
+            self._origin_reads = Http1Pool(
+                f"{parts.scheme}://{parts.netloc}",
+                size=ORIGIN_READS,
+                connect_timeout_s=self._connect_timeout_s,
+            )
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -115,6 +126,9 @@ class UpstreamHttp:
         if self._posts is not None:
             await self._posts.aclose()
             self._posts = None
+        if self._origin_reads is not None:
+            await self._origin_reads.aclose()
+            self._origin_reads = None
 
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """A JSON request's headers. `identity`: a compressed event stream would sit in the
@@ -209,6 +223,26 @@ class UpstreamHttp:
         except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLarge, UpstreamError) as exc:
             log.info("GET %s on route %s failed: %s", path, self.route.name, type(exc).__name__)
             return None
+
+    async def read_origin_text(self, path: str, timeout_s: float, limit: int) -> str | None:
+        """What `get_origin_text` reads, on the pool of origin reads: for a read made every
+        second or so (a replica's `/metrics`), which aiohttp's client makes cost several times
+        the CPU of the answer's parse."""
+        reads = self._origin_reads
+        if reads is None:
+            return None
+        resp = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await reads.get(path, self.headers())
+                body = await read_limited(resp, limit)
+            return body.decode("utf-8", "replace") if resp.status == 200 else None
+        except (OSError, TimeoutError, ValueError, ResponseTooLarge) as exc:
+            log.info("GET %s on route %s failed: %s", path, self.route.name, type(exc).__name__)
+            return None
+        finally:
+            if resp is not None:
+                resp.close()
 
     async def model_list(self) -> list[dict[str, Any]]:
         """The objects of the upstream's `GET /models` with a string `id` of at most

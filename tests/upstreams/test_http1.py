@@ -398,6 +398,33 @@ def test_the_request_head_is_the_one_aiohttp_sends() -> None:
     )
 
 
+def test_a_get_goes_without_a_body_and_its_connection_is_reused(run) -> None:
+    heads: list[bytes] = []
+
+    async def records(reader, writer) -> None:
+        while True:
+            heads.append(await read_request(reader))
+            writer.write(answer(b"vllm:num_requests_waiting 3\n"))
+            await writer.drain()
+
+    async def main() -> None:
+        async with Script(records) as server:
+            pool = Http1Pool(server.url.removesuffix("/v1"))
+            for _ in range(2):
+                resp = await pool.get("/metrics", {"accept-encoding": "identity"})
+                body = b"".join([c async for c in resp.content.iter_any()])
+                assert resp.status == 200 and body == b"vllm:num_requests_waiting 3\n"
+            assert server.connections == 1
+            await pool.aclose()
+
+    run(main())
+    host = heads[0].split(b"\r\n")[1]
+    assert heads[0] == (
+        b"GET /metrics HTTP/1.1\r\n" + host + b"\r\naccept-encoding: identity\r\n"
+        b"Accept: */*\r\n\r\n"
+    )  # no Content-Length: a GET has no body
+
+
 def test_credentials_in_the_base_url_go_as_basic_auth_as_aiohttp_sends_them() -> None:
     origin = Origin("http://vllm%40lab:s3cret@gpu-box:8000/v1")
     assert origin.host_header == "gpu-box:8000" and origin.target("/x") == "/v1/x"

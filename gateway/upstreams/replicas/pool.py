@@ -166,7 +166,7 @@ class ServerPool:
             before = [m.state.in_flight for m in members]
             texts = await asyncio.gather(
                 *(
-                    m.upstream.http.get_origin_text("/metrics", PROBE_TIMEOUT_S, MAX_METRICS_BYTES)
+                    m.upstream.http.read_origin_text("/metrics", PROBE_TIMEOUT_S, MAX_METRICS_BYTES)
                     for m in members
                 ),
                 return_exceptions=True,
