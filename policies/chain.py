@@ -25,7 +25,12 @@ from policies.provider_limits import cache_family
 from policies.readable import unreadable
 from policies.shapes import lift, lower
 from policies.slim import SlimPolicy
-from policies.tokens import TOKENS_FOR_REPLY, count_message, count_request_tokens
+from policies.tokens import (
+    TOKENS_FOR_REPLY,
+    count_message,
+    count_request_tokens,
+    has_uncounted_text,
+)
 from policies.volatile import is_volatile_note
 
 
@@ -72,6 +77,16 @@ class PolicyResult:
     @property
     def prompt_tokens_saved(self) -> int:
         return self.prompt_tokens_before - self.prompt_tokens_after
+
+    def counts_new_text(self) -> bool:
+        """Whether `measure` would count a long text for the first time (milliseconds of
+        tokenizing, worth running off an event loop)."""
+        if self.measured:
+            return False
+        before = self.original_view
+        if before is None:
+            before = self.original if self.original is not None else self.body
+        return has_uncounted_text(before)
 
     def measure(self, *, fingerprints: bool = True) -> PolicyResult:
         """Count tokens before and after, and fingerprint the prefix (idempotent)."""

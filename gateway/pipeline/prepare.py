@@ -242,8 +242,10 @@ class Preparation:
         self, admitted: AdmittedRequest, result: PolicyResult, record: RequestRecord
     ) -> asyncio.Future[dict[str, str]]:
         """Token counts and prefix diagnostics, measured while the upstream request is in
-        flight; the tokens saved join the request's record."""
-        heavy = self.offload.is_heavy(len(admitted.raw))
+        flight; the tokens saved join the request's record. They run on the heavy-work threads
+        for a big body, and for one whose long text is counted for the first time (a new
+        system prompt: milliseconds that every other stream's events would wait for)."""
+        heavy = self.offload.is_heavy(len(admitted.raw)) or result.counts_new_text()
         report = asyncio.ensure_future(
             report_headers(self.telemetry, admitted.tenant, result, self.offload if heavy else None)
         )

@@ -109,3 +109,19 @@ def test_a_history_this_gateway_encoded_is_read_back_without_decoding(decodes):
     clear_caches()
     assert read_back == decode_history(blob)  # and reads what decoding gives
     assert len(decoded) == 3
+
+
+def test_a_long_text_counts_as_new_until_it_has_been_counted_once():
+    clear_caches()
+    chain = build_chain(DEFAULT_POLICIES, {})
+    first = chain.transform(conversation(1), OPENAI)
+    assert first.counts_new_text()  # the system prompt has never been counted
+    first.measure()
+    assert not first.counts_new_text()  # measured: nothing left to count
+    again = chain.transform(conversation(2), OPENAI)
+    assert not again.counts_new_text()  # the next turn's new messages are short
+    short = chat({"role": "user", "content": "word " * 100})
+    assert not tokens.has_uncounted_text(short)
+    parts = chat({"role": "user", "content": [{"type": "text", "text": "fresh " * 2000}]})
+    assert tokens.has_uncounted_text(parts)  # a text part counts as well as a string
+    assert tokens.has_uncounted_text({"prompt": "legacy " * 2000})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 
 import httpx
 import pytest
@@ -104,3 +105,32 @@ async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch
     monkeypatch.setattr(result, "measure", raising(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):  # control flow is never swallowed
         await report_headers(Telemetry(), "t", result)
+
+
+def test_a_new_long_prompt_is_counted_off_the_loop_and_only_the_first_time(
+    mock_upstream, make_gateway, tenant_settings
+):
+    gw = make_gateway([openai_route(mock_upstream)], **tenant_settings)  # 64 KiB threshold
+    system = " ".join(f"clause-{uuid.uuid4().hex[:8]} applies." for _ in range(600))
+    assert 8_000 < len(system) < 64 * 1024  # long, yet a small body
+
+    def turn(question: str) -> httpx.Response:
+        body = {
+            "model": "mock-a",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+        }
+        return client.post("/v1/chat/completions", json=body, headers=auth(TENANT_A_KEY))
+
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        jobs = gw.runtime.offload.jobs
+        first = turn("what applies?")
+        jobs_after_first = gw.runtime.offload.jobs
+        second = turn("and what else?")
+    assert first.status_code == second.status_code == 200
+    assert jobs_after_first > jobs  # its count went to a heavy-work thread
+    assert gw.runtime.offload.jobs == jobs_after_first  # counted once: the next turn stays inline
+    assert "x-firsttoken-prompt-tokens-saved" in first.headers
+    assert "x-firsttoken-prompt-tokens-saved" in second.headers
