@@ -81,21 +81,21 @@ class PolicyResult:
     def counts_new_text(self) -> bool:
         """Whether `measure` would count a long text for the first time (milliseconds of
         tokenizing, worth running off an event loop)."""
-        if self.measured:
-            return False
-        before = self.original_view
-        if before is None:
-            before = self.original if self.original is not None else self.body
-        return has_uncounted_text(before)
+        return not self.measured and has_uncounted_text(self._before())
+
+    def _before(self) -> dict:
+        """The chat-shaped body before the policies (the body itself when none was kept)."""
+        if self.original_view is not None:
+            return self.original_view
+        if self.original is not None:
+            return self.original
+        return self.view if self.view is not None else self.body
 
     def measure(self, *, fingerprints: bool = True) -> PolicyResult:
         """Count tokens before and after, and fingerprint the prefix (idempotent)."""
         if not self.measured:
             after = self.view if self.view is not None else self.body
-            before = self.original_view
-            if before is None:
-                before = self.original if self.original is not None else after
-            self.prompt_tokens_before = count_request_tokens(before)
+            self.prompt_tokens_before = count_request_tokens(self._before())
             self.fingerprints = PrefixFingerprints.from_body(after) if fingerprints else None
             self.prompt_tokens_after = _tokens_after(after, self.fingerprints)
             self.measured = True

@@ -225,9 +225,9 @@ class UpstreamHttp:
             return None
 
     async def read_origin_text(self, path: str, timeout_s: float, limit: int) -> str | None:
-        """What `get_origin_text` reads, on the pool of origin reads: for a read made every
-        second or so (a replica's `/metrics`), which aiohttp's client makes cost several times
-        the CPU of the answer's parse."""
+        """What `get_origin_text` reads, on the pool of origin reads: for a read made several
+        times a second (a replica's `/metrics`), where aiohttp's client was most of an idle
+        gateway's CPU (5.3 ms a second against 3.9 with this pool, four replicas every 0.5 s)."""
         reads = self._origin_reads
         if reads is None:
             return None
