@@ -44,7 +44,10 @@ Modes (`BalanceOptions.mode`):
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
   noisy answers must not scatter a conversation over equal costs), then to the one sent that
   prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
-  copies warm on several replicas), then to the less busy (load per slot, plus half the KV
+  copies warm on several replicas), then to the roomier cache (`PrefixIndex.pressure`: free
+  room, then the slowest turnover; a new tenant's prompt lands where it stays longest and
+  pushes out only cold prompts, as sglang-router's smallest tree does for unbounded trees),
+  then to the less busy (load per slot, plus half the KV
   cache usage where reported), then to a rendezvous hash of the prompt's first block with the
   replica's name (a prefix nobody holds lands on a replica chosen by the prefix itself, the
   same in every gateway process).
@@ -233,7 +236,7 @@ class Balancer:
                 strict=True,
             )
         )
-        best: tuple[float, int, int, float, bytes] | None = None
+        best: tuple[float, int, int, tuple[int, int], float, bytes] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
         # when each replica was last sent the prefix it holds: of replicas holding as much, the
@@ -252,7 +255,14 @@ class Balancer:
             stays = not first_turn and r is home
             excess = 0.0 if stays else excess_of[r.name]
             cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
-            key = (cost, -matched, -sent, self._busy(r), _rendezvous(first, r.name))
+            key = (
+                cost,
+                -matched,
+                -sent,
+                r.index.pressure(),
+                self._busy(r),
+                _rendezvous(first, r.name),
+            )
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
         if first_turn:

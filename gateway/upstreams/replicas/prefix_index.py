@@ -155,6 +155,19 @@ class PrefixIndex:
         while len(entries) > limit:
             entries.popitem(last=False)
 
+    def pressure(self) -> tuple[int, int]:
+        """How crowded this replica's cache is for a prefix it does not hold, smaller is
+        roomier: (-free entries, 0) while the index has room, then (0, when its least recently
+        sent block was sent). A full index whose oldest block was sent long ago turns over
+        slowly, so what it is sent stays longest and pushes out only cold prompts; one whose
+        oldest block is recent is thrashing. Sized near the engine's KV capacity, as the
+        balancer's docstring advises, the index's churn stands for the engine's."""
+        entries = self._entries
+        free = self.max_bytes // ENTRY_BYTES - len(entries)
+        if free > 0:
+            return (-free, 0)
+        return (0, next(iter(entries.values())))
+
     def __len__(self) -> int:
         return len(self._entries)
 

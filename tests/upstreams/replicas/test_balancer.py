@@ -9,7 +9,7 @@ import pytest
 from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
 from gateway.upstreams.replicas.health import HealthPolicy, ReplicaHealth
 from gateway.upstreams.replicas.latency import FIXED_SAMPLES
-from gateway.upstreams.replicas.prefix_index import PrefixIndex, prefix_blocks
+from gateway.upstreams.replicas.prefix_index import ENTRY_BYTES, PrefixIndex, prefix_blocks
 
 PROMPT = prefix_blocks("s" * 4096)  # 16 blocks
 OTHER = prefix_blocks("o" * 4096)
@@ -414,3 +414,26 @@ def test_the_imbalance_rule_never_sends_a_first_turn_to_a_slower_replica() -> No
     slowed(b, slow, cool, b.by_name("busy"))
     choice = b.choose(PROMPT, 0.0)
     assert choice.replica is cool and choice.reason == "load"
+
+
+def test_a_prompt_nobody_holds_goes_to_the_roomier_cache_before_the_less_busy() -> None:
+    # indexes of four blocks, as if sized to small engines: a's cache was filled long ago and
+    # has not turned over since, b's just now; a new tenant's prompt would push out a's cold
+    # prompt, but b's fresh one
+    a = ReplicaState("a", index=PrefixIndex(4 * ENTRY_BYTES), in_flight=1)
+    b = ReplicaState("b", index=PrefixIndex(4 * ENTRY_BYTES))
+    a.index.add(prefix_blocks("a" * 1024))
+    b.index.add(prefix_blocks("b" * 1024))
+    assert a.index.pressure() < b.index.pressure()
+    assert balancer(a, b).choose(OTHER, 0.0).replica is a
+    b.index.add(prefix_blocks("c" * 1024))
+    a.index.add(prefix_blocks("d" * 1024))
+    assert balancer(a, b).choose(OTHER, 0.0).replica is b
+    # an index with room left beats any full one, and more room beats less
+    roomy = ReplicaState("r", index=PrefixIndex(8 * ENTRY_BYTES), in_flight=3)
+    roomy.index.add(prefix_blocks("e" * 512))
+    assert roomy.index.pressure() == (-6, 0)
+    assert balancer(a, b, roomy).choose(OTHER, 0.0).replica is roomy
+    # holding part of the prompt still comes first
+    a.index.add(OTHER[:2])
+    assert balancer(a, b, roomy).choose(OTHER, 0.0).replica is a
