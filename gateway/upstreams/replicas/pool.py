@@ -30,7 +30,11 @@ from gateway.upstreams.replicas.health import (
     failure_kind,
 )
 from gateway.upstreams.replicas.prefix_index import PrefixIndex
-from gateway.upstreams.replicas.server_load import MAX_METRICS_BYTES, parse_server_load
+from gateway.upstreams.replicas.server_load import (
+    MAX_METRICS_BYTES,
+    ReadPace,
+    parse_server_load,
+)
 
 if TYPE_CHECKING:
     from gateway.upstreams.openai import OpenAIUpstream
@@ -100,6 +104,8 @@ class ServerPool:
             [m.state for m in self.members.values()], BalanceOptions(mode=mode)
         )
         self._tasks: list[asyncio.Task] = []
+        self.sends = 0  # requests sent to any member, ever: the load loop's sign of traffic
+        self.load_pace = ReadPace()
 
     def named(self) -> dict[str, Member]:
         """The members under their outside names."""
@@ -157,12 +163,17 @@ class ServerPool:
             await asyncio.sleep(self.route.probe_interval_s)
 
     async def _load_loop(self, kind: str) -> None:
-        """Every `load_interval_s`, each member's queue and KV cache usage from its `/metrics`;
-        a member that does not answer counts as unknown (its in-flight requests alone) until
-        it does."""
+        """Every `load_interval_s`, each member's queue and KV cache usage from its `/metrics`
+        (less often while the pool is sent nothing: `ReadPace`); a member that does not
+        answer counts as unknown (its in-flight requests alone) until it does."""
+        sends_seen = self.sends
         while True:
             await asyncio.sleep(self.route.load_interval_s)
             members = list(self.members.values())
+            active = self.sends != sends_seen or any(m.state.in_flight for m in members)
+            if not self.load_pace.due(active):
+                continue
+            sends_seen = self.sends
             before = [m.state.in_flight for m in members]
             texts = await asyncio.gather(
                 *(
@@ -206,6 +217,7 @@ class ServerPool:
         prefix to the balancer (and to the other gateways, with `placements`)."""
         member = self.members[choice.replica.name]
         member.stats.requests += 1
+        self.sends += 1
         if choice.reason == "affinity":
             member.stats.affinity_hits += 1
         self.balancer.sent(choice, blocks)

@@ -59,3 +59,32 @@ def parse_server_load(text: str, kind: str) -> ServerLoad:
         None if queue is None else min(int(queue), 1_000_000),
         None if usage is None else min(usage, 1.0),
     )
+
+
+class ReadPace:
+    """Which ticks of a pool's load loop read the servers' `/metrics`: every tick while the
+    gateway sends the pool requests; while it sends none, every 2nd, 4th, ... up to every
+    `max_every`-th. An idle pool needs no fresh queue length (nothing of its own is waiting
+    on it), and the reads were most of an idle gateway's CPU (four replicas every 0.5 s: 3-4 ms
+    a second, against 0.9 without them); the first tick after a request is sent reads again,
+    so a reading is at most one interval staler than before once traffic is back."""
+
+    def __init__(self, max_every: int = 16) -> None:
+        if max_every < 1:
+            raise ValueError("max_every must be at least 1")
+        self.max_every = max_every
+        self.every = 1
+        self._waited = 0
+
+    def due(self, active: bool) -> bool:
+        """Whether this tick reads; `active`: a request was sent since the last read, or one
+        is still in flight."""
+        if active:
+            self.every, self._waited = 1, 0
+            return True
+        self._waited += 1
+        if self._waited < self.every:
+            return False
+        self._waited = 0
+        self.every = min(2 * self.every, self.max_every)
+        return True
