@@ -37,6 +37,15 @@ def _collapse(match: re.Match[str]) -> str:
     return ("\r\n" if match.group(0).startswith("\r") else "\n") * 3
 
 
+def _has_trailing_space(text: str) -> bool:
+    """Whether `_TRAILING_SPACE` can match: a space or tab right before a line break or at the
+    end. Most prompts have none, and four substring searches cost a few microseconds where the
+    regex tries its lookarounds at every space (0.6 ms on a new 3,000-word prompt)."""
+    return text.endswith((" ", "\t")) or any(
+        textscan.contains(text, ending) for ending in (" \n", "\t\n", " \r\n", "\t\r\n")
+    )
+
+
 def _has_blank_run(text: str) -> bool:
     return textscan.contains(text, "\n\n\n\n") or textscan.contains(text, "\r\n\r\n\r\n\r\n")
 
@@ -48,7 +57,7 @@ def slim_prose(text: str) -> str:
     # Invisibles go first: removing one can leave a trailing space or a blank line behind.
     if _INVISIBLE.search(text):
         text = _INVISIBLE.sub("", text)
-    if " " in text or "\t" in text:
+    if _has_trailing_space(text):
         text = _TRAILING_SPACE.sub("", text)
     if "\n\n\n\n" in text or "\r\n\r\n\r\n\r\n" in text:
         text = _BLANK_RUN.sub(_collapse, text)
@@ -61,7 +70,10 @@ def _slim_long(text: str) -> str:
         text = "".join(
             _INVISIBLE.sub("", text[low : low + size]) for low in range(0, len(text), size)
         )
-    text = _rewrite(text, _SPACE_RULE_CUT, lambda piece: _TRAILING_SPACE.sub("", piece), _space_run)
+    if _has_trailing_space(text):
+        text = _rewrite(
+            text, _SPACE_RULE_CUT, lambda piece: _TRAILING_SPACE.sub("", piece), _space_run
+        )
     if _has_blank_run(text):
         text = _rewrite(
             text, _BLANK_RULE_CUT, lambda piece: _BLANK_RUN.sub(_collapse, piece), _newline_run
