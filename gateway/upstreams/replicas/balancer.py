@@ -47,10 +47,9 @@ Modes (`BalanceOptions.mode`):
   copies warm on several replicas), then to the roomier cache (`PrefixIndex.pressure`: free
   room, then the slowest turnover; a new tenant's prompt lands where it stays longest and
   pushes out only cold prompts, as sglang-router's smallest tree does for unbounded trees),
-  then to the less busy (load per slot, plus half the KV
-  cache usage where reported), then to a rendezvous hash of the prompt's first block with the
-  replica's name (a prefix nobody holds lands on a replica chosen by the prefix itself, the
-  same in every gateway process).
+  then to the less busy (load per slot, plus half the KV cache usage where reported), then
+  to a rendezvous hash of the prompt's first block with the replica's name (a prefix nobody
+  holds lands on a replica chosen by the prefix itself, the same in every gateway process).
 
   Load (`relative_load`): the gateway's own in-flight requests (running on the server or
   waiting in its queue) plus the others' waiting requests the server reports, per unit of
