@@ -104,7 +104,6 @@ class ServerPool:
             [m.state for m in self.members.values()], BalanceOptions(mode=mode)
         )
         self._tasks: list[asyncio.Task] = []
-        self.sends = 0  # requests sent to any member, ever: the load loop's sign of traffic
         self.load_pace = ReadPace()
 
     def named(self) -> dict[str, Member]:
@@ -166,14 +165,15 @@ class ServerPool:
         """Every `load_interval_s`, each member's queue and KV cache usage from its `/metrics`
         (less often while the pool is sent nothing: `ReadPace`); a member that does not
         answer counts as unknown (its in-flight requests alone) until it does."""
-        sends_seen = self.sends
+        sends_seen = self._sends()
         while True:
             await asyncio.sleep(self.route.load_interval_s)
             members = list(self.members.values())
-            active = self.sends != sends_seen or any(m.state.in_flight for m in members)
+            sends = self._sends()
+            active = sends != sends_seen or any(m.state.in_flight for m in members)
             if not self.load_pace.due(active):
                 continue
-            sends_seen = self.sends
+            sends_seen = sends
             before = [m.state.in_flight for m in members]
             texts = await asyncio.gather(
                 *(
@@ -194,6 +194,10 @@ class ServerPool:
                     state.health.heard()
                 else:
                     state.queue = state.kv_usage = None
+
+    def _sends(self) -> int:
+        """Requests sent to any member so far: the load loop's sign of traffic."""
+        return sum(m.stats.requests for m in self.members.values())
 
     # -- a request's life on a member -------------------------------------------------------
 
@@ -217,7 +221,6 @@ class ServerPool:
         prefix to the balancer (and to the other gateways, with `placements`)."""
         member = self.members[choice.replica.name]
         member.stats.requests += 1
-        self.sends += 1
         if choice.reason == "affinity":
             member.stats.affinity_hits += 1
         self.balancer.sent(choice, blocks)
