@@ -112,41 +112,57 @@ def decode_history(blob: bytes | None) -> History:
         return {}
 
 
-def _best_stable(previous: list[PrefixFingerprints], current: PrefixFingerprints) -> int:
+def _best_stable(
+    previous: list[PrefixFingerprints],
+    current: PrefixFingerprints,
+    known: dict[tuple[int, int], int],
+) -> int:
     """The longest stable prefix over the previous fingerprints (0 without history). Which
     breaks a request made is the diagnostics' verdict (``policies.prefix_breaks``), counted
-    for every request where the header is set, not here."""
+    for every request where the header is set, not here. ``known`` holds the comparisons made
+    for other variants of the same request, by the objects compared: a variant that changed
+    nothing shares its fingerprints and its history's with the observed request."""
     best = 0
     for old in previous:
-        found = find_prefix_break(old, current)
-        best = max(best, old.total_tokens if found is None else found.stable_tokens)
+        key = (id(old), id(current))
+        stable = known.get(key)
+        if stable is None:
+            found = find_prefix_break(old, current)
+            stable = known[key] = old.total_tokens if found is None else found.stable_tokens
+        best = max(best, stable)
     return best
 
 
 def evaluate(
     history: History, current: dict[str, PrefixFingerprints], rules: CacheRules
-) -> tuple[dict[str, int], History]:
+) -> tuple[dict[str, int], bytes]:
     """This request's counter deltas (sampled only: ``requests`` and ``prompt`` are counted for
-    every request elsewhere) and the family's new history."""
+    every request elsewhere) and the family's new history, encoded."""
     fields: dict[str, int] = {"sampled": 1}
+    known: dict[tuple[int, int], int] = {}  # the compared objects all live until we return
     for variant, prints in current.items():
-        stable = min(_best_stable(history.get(variant, []), prints), prints.total_tokens)
+        stable = min(_best_stable(history.get(variant, []), prints, known), prints.total_tokens)
         fields[f"prompt:{variant}"] = prints.total_tokens
         fields[f"cached:{variant}"] = rules.cached(stable)
     new: History = {}
     for variant, prints in current.items():
         new[variant] = [*history.get(variant, [])[-(HISTORY - 1) :], prints]
-    return fields, _bounded(new)
+    return fields, _encode_bounded(new)
 
 
-def _bounded(history: History) -> History:
-    """Drop the oldest entries until the blob fits ``MAX_HISTORY_BYTES`` (maybe all)."""
-    while history and len(encode_history(history)) > MAX_HISTORY_BYTES:
+def _encode_bounded(history: History) -> bytes:
+    """The history's blob, its oldest entries dropped until it fits ``MAX_HISTORY_BYTES``
+    (maybe all)."""
+    blob = encode_history(history)
+    while history and len(blob) > MAX_HISTORY_BYTES:
         longest = max(len(entries) for entries in history.values())
-        if longest == 0:
-            return {}
-        history = {
-            variant: entries[1:] if len(entries) == longest else entries
-            for variant, entries in history.items()
-        }
-    return history
+        history = (
+            {
+                variant: entries[1:] if len(entries) == longest else entries
+                for variant, entries in history.items()
+            }
+            if longest
+            else {}
+        )
+        blob = encode_history(history)
+    return blob

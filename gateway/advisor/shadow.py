@@ -43,7 +43,7 @@ from policies import PolicyResult
 from policies.config import PolicyOptions
 from policies.diagnostics import PrefixFingerprints
 
-from .accounting import CacheRules, decode_history, encode_history, evaluate
+from .accounting import CacheRules, decode_history, evaluate
 from .advice import TOTALS_FAMILY
 from .variants import OBSERVED, RouteGuess, ShadowChains, guess_route
 
@@ -165,10 +165,10 @@ class CacheAdvisor:
     ) -> tuple[dict[str, int], bytes]:
         """Compare with the family's history: counter deltas and the new history blob."""
         rules = CacheRules(route.kind, route.model)
-        fields, history = evaluate(decode_history(blob), current, rules)
+        fields, new_blob = evaluate(decode_history(blob), current, rules)
         fields.update({"requests": 1, f"route:{route.kind}": 1})
         fields["prompt"] = current[OBSERVED].total_tokens
-        return fields, encode_history(history)
+        return fields, new_blob
 
     async def _evaluate(
         self, tenant: str, bucket: int, result: PolicyResult, route: RouteGuess

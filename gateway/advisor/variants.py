@@ -4,6 +4,10 @@ A variant runs the request's own chain (minus ``cache_hints``, whose markers and
 not part of a fingerprint) over the ORIGINAL chat-shaped view, with the gateway's options plus
 one opt-in (or all of them), and fingerprints the result like the diagnostics do. Pure and
 synchronous: the caller runs it off the event loop. Nothing here touches what is sent.
+
+Most requests give an opt-in nothing to act on (no JSON, no passages, no tools, no volatile
+value in a system message): such a variant IS the observed request, so it is not run at all
+(`active_opt_ins`); only what an opt-in could change costs a transform and fingerprints.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from policies import PolicyChain, PolicyContext, PolicyResult, build_chain, pref
 from policies.chain import bounded_cache_key
 from policies.config import PolicyOptions
 from policies.diagnostics import PrefixFingerprints
+from policies.passages import has_passage
 from policies.provider_limits import CACHE_FAMILIES
+from policies.request import SYSTEM_ROLES, content_texts, messages_of, role_of, tools_of
+from policies.volatile import has_volatile, is_volatile_note
 
 # opt-in option name (as in FIRSTTOKEN_<name>) -> (policy, field of its options)
 OPT_INS: dict[str, tuple[str, str]] = {
@@ -76,6 +83,45 @@ def guess_route(result: PolicyResult) -> RouteGuess:
     return RouteGuess(kind, endpoint, model or "")
 
 
+def active_opt_ins(original: dict, observed: dict) -> frozenset[str] | None:
+    """The opt-ins that could change this request; None where its shape is not a chat body
+    (then any may). The test of each is a superset of what the opt-in acts on, so an opt-in
+    left out leaves the request exactly as the chain did.
+
+    Slim's opt-ins read the client's texts, canonicalize's the slimmed ones (slim runs first),
+    which are the observed request's: ``cache_hints`` after them moves no text."""
+    original_messages, observed_messages = messages_of(original), messages_of(observed)
+    if original_messages is None or observed_messages is None:
+        return None
+    texts = [t for body in (original_messages, observed_messages) for t in _texts(body)]
+    tools = tools_of(observed) or ()
+    active = set()
+    if any("{" in text or "[" in text for text in texts):  # a JSON document or block
+        active.add("SLIM_MINIFY_JSON")
+    if any(has_passage(text) for text in texts):
+        active.update(("SLIM_DEDUPE_PASSAGES", "CANONICALIZE_SORT_PASSAGES"))
+    if len(tools) > 1:
+        active.add("CANONICALIZE_SORT_TOOLS")
+    if tools:
+        active.add("CANONICALIZE_SORT_SCHEMA_KEYS")
+    if any(has_volatile(text) for text in _system_texts(observed_messages)):
+        active.add("CANONICALIZE_VOLATILE")
+    return frozenset(active)
+
+
+def _texts(messages: list) -> list[str]:
+    return [t for m in messages if isinstance(m, dict) for t in content_texts(m.get("content"))]
+
+
+def _system_texts(messages: list) -> list[str]:
+    return [
+        text
+        for message in messages
+        if role_of(message) in SYSTEM_ROLES and not is_volatile_note(message)
+        for text in content_texts(message.get("content"))
+    ]
+
+
 class ShadowChains:
     """Chains for each (policy names, variant), built once: ``build_chain`` validates."""
 
@@ -114,12 +160,20 @@ class ShadowChains:
         ctx = PolicyContext(
             route.endpoint, route.kind, route.model, tenant, cache_family=route.kind
         )
+        observed_view = result.view if result.view is not None else view
         out = {OBSERVED: observed}
-        seen: dict[str, tuple[PrefixFingerprints, dict]] = {
-            OBSERVED: (observed, result.view if result.view is not None else view)
-        }
+        seen: dict[str, tuple[PrefixFingerprints, dict]] = {OBSERVED: (observed, observed_view)}
+        active = active_opt_ins(view, observed_view)
+        same_as = self._same_as
+        if active is not None:
+            same_as = {
+                variant: OBSERVED
+                if (not active if variant == ALL_OPT_INS else variant not in active)
+                else same
+                for variant, same in same_as.items()
+            }
         for variant in VARIANTS:
-            same = self._same_as[variant]
+            same = same_as[variant]
             done = seen.get(same)
             if done is None:
                 current = dict(view)
@@ -127,7 +181,7 @@ class ShadowChains:
                     current, _ = policy.apply(current, ctx)
                 done = seen[same] = (PrefixFingerprints.from_body(current), current)
             out[variant] = done[0]
-        family = advisor_family(result, seen[self._same_as[ALL_OPT_INS]][1], tenant, route.model)
+        family = advisor_family(result, seen[same_as[ALL_OPT_INS]][1], tenant, route.model)
         return family, out
 
 
