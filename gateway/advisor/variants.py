@@ -21,7 +21,14 @@ from policies.config import PolicyOptions
 from policies.diagnostics import PrefixFingerprints
 from policies.passages import has_passage
 from policies.provider_limits import CACHE_FAMILIES
-from policies.request import SYSTEM_ROLES, content_texts, messages_of, role_of, tools_of
+from policies.request import (
+    SYSTEM_ROLES,
+    content_texts,
+    messages_of,
+    role_of,
+    tool_function_name,
+    tools_of,
+)
 from policies.volatile import has_volatile, is_volatile_note
 
 # opt-in option name (as in FIRSTTOKEN_<name>) -> (policy, field of its options)
@@ -100,7 +107,8 @@ def active_opt_ins(original: dict, observed: dict) -> frozenset[str] | None:
         active.add("SLIM_MINIFY_JSON")
     if any(has_passage(text) for text in texts):
         active.update(("SLIM_DEDUPE_PASSAGES", "CANONICALIZE_SORT_PASSAGES"))
-    if len(tools) > 1:
+    names = [tool_function_name(tool) for tool in tools]
+    if any(a > b for a, b in zip(names, names[1:], strict=False)):  # sorting would move one
         active.add("CANONICALIZE_SORT_TOOLS")
     if tools:
         active.add("CANONICALIZE_SORT_SCHEMA_KEYS")

@@ -30,6 +30,7 @@ BODIES = {
         user='<passage id="2">Ships in 2 days.</passage> <passage id="1">Refunds in 5.</passage>'
     ),
     "tools": _body(tools=[_tool("search"), _tool("lookup")]),
+    "sorted tools": _body(tools=[_tool("lookup"), _tool("search")]),
     "one tool": _body(tools=[_tool("search")]),
     "volatile": _body(system=SYSTEM + " Now: 2026-12-03T21:00:00Z, request 9f8e7d6c5b4a."),
     "developer list": {
@@ -45,6 +46,7 @@ EXPECTED = {
     "json": {"SLIM_MINIFY_JSON"},
     "passages": {"SLIM_DEDUPE_PASSAGES", "CANONICALIZE_SORT_PASSAGES"},
     "tools": {"CANONICALIZE_SORT_TOOLS", "CANONICALIZE_SORT_SCHEMA_KEYS"},
+    "sorted tools": {"CANONICALIZE_SORT_SCHEMA_KEYS"},
     "one tool": {"CANONICALIZE_SORT_SCHEMA_KEYS"},
     "volatile": {"CANONICALIZE_VOLATILE"},
     "developer list": {"CANONICALIZE_VOLATILE"},
