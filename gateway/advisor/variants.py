@@ -13,6 +13,7 @@ value in a system message): such a variant IS the observed request, so it is not
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from policies import PolicyChain, PolicyContext, PolicyResult, build_chain, prefix_family_key
@@ -108,7 +109,7 @@ def active_opt_ins(original: dict, observed: dict) -> frozenset[str] | None:
     if any(has_passage(text) for text in texts):
         active.update(("SLIM_DEDUPE_PASSAGES", "CANONICALIZE_SORT_PASSAGES"))
     names = [tool_function_name(tool) for tool in tools]
-    if any(a > b for a, b in zip(names, names[1:], strict=False)):  # sorting would move one
+    if any(a > b for a, b in itertools.pairwise(names)):  # sorting would move one
         active.add("CANONICALIZE_SORT_TOOLS")
     if tools:
         active.add("CANONICALIZE_SORT_SCHEMA_KEYS")
