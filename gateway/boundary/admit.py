@@ -22,7 +22,14 @@ import orjson
 from starlette.requests import Request
 
 from gateway.boundary.auth import KeyRing
-from gateway.boundary.body import parse_request, read_body, strip_reserved
+from gateway.boundary.body import (
+    declared_length,
+    parse_request,
+    read_body,
+    read_body_into,
+    strip_reserved,
+)
+from gateway.boundary.body_files import BodyFile
 from gateway.boundary.request_id import client_request_id, next_request_id
 from gateway.config.routes import Route
 from gateway.config.settings import Settings
@@ -58,9 +65,12 @@ class BigBodies(Protocol):
 
     def takes(self, api: str, size: int) -> bool: ...
 
-    async def parse(self, admitted: AdmittedRequest, parser: BodyParser) -> Offloaded | None:
+    async def parse(
+        self, admitted: AdmittedRequest, parser: BodyParser, file: BodyFile | None = None
+    ) -> Offloaded | None:
         """The worker's result, or None when the body's routes need it parsed here. `parser`
-        is the door's own (a native API's body is parsed with it in the worker)."""
+        is the door's own (a native API's body is parsed with it in the worker). `file`: the
+        body as it was read, when it was read into a memory file instead of `admitted.raw`."""
 
 
 @dataclass(slots=True, eq=False)
@@ -165,13 +175,18 @@ class Admission:
         """Authenticate, read, parse and route `admitted`, each once."""
         self.authenticate(admitted)
         settings = self.settings
-        raw = admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
         big = self.big_bodies
-        if big is not None and big.takes(admitted.api, len(raw)):
-            admitted.offloaded = await big.parse(admitted, parse)
+        declared = declared_length(admitted.request)
+        if big is not None and declared is not None and big.takes(admitted.api, declared):
+            await self._admit_big(admitted, big, parse)
+        else:
+            admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
+            if big is not None and big.takes(admitted.api, len(admitted.raw)):
+                admitted.offloaded = await big.parse(admitted, parse)
         if admitted.offloaded is not None:
             admitted.model, admitted.stream = admitted.offloaded.model, admitted.offloaded.stream
         else:
+            raw = admitted.raw
             parsed = parse(raw, settings)
             admitted.body, admitted.model, admitted.stream = (
                 parsed.body,
@@ -182,3 +197,23 @@ class Admission:
                 admitted.raw = orjson.dumps(parsed.body)
         admitted.chain = await self.upstreams.chain_for(admitted.model)
         return admitted
+
+    async def _admit_big(
+        self, admitted: AdmittedRequest, big: BigBodies, parse: BodyParser
+    ) -> None:
+        """A body declared big enough for a worker is read into a memory file as it arrives
+        and handed over in it; `admitted.raw` is filled only when it must be parsed here after
+        all (its routes need the parsed body in this process)."""
+        limit = self.settings.max_body_bytes
+        file = BodyFile.create()
+        if file is None:
+            admitted.raw = await read_body(admitted.request, limit)
+            admitted.offloaded = await big.parse(admitted, parse)
+            return
+        try:
+            await read_body_into(admitted.request, limit, file)
+            admitted.offloaded = await big.parse(admitted, parse, file)
+            if admitted.offloaded is None:
+                admitted.raw = await file.read_all()
+        finally:
+            file.close()

@@ -11,28 +11,63 @@ import gc
 
 import orjson
 from starlette.requests import Request
+from starlette.types import Message
 
+from gateway.boundary.body_files import BodyFile
 from gateway.config.settings import Settings
 from gateway.errors import GatewayError
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+def declared_length(request: Request) -> int | None:
+    """The Content-Length the client declared, when it declared a plain number."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    return int(declared) if declared is not None and declared.isdigit() else None
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    declared = declared_length(request)
+    if declared is not None and declared > max_bytes:
         raise _too_large(max_bytes)
     # Straight from ASGI `receive` (no stream wrapper): this is on every request's path.
     chunks, size = [], 0
     while True:
         message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise GatewayError(400, "The client closed the connection mid-request.")
-        chunk = message.get("body", b"")
+        chunk = _chunk_of(message)
         size += len(chunk)
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_body_into(request: Request, max_bytes: int, file: BodyFile) -> None:
+    """`read_body` for a body bound for a worker process: each piece goes into `file` as it
+    arrives, so the whole body is never joined into one object here (a copy of up to
+    `max_bytes` that holds the interpreter lock: 8-30 ms of a 16 MB body on a busy 2-core
+    machine, in which no other request's stream moves)."""
+    declared = declared_length(request)
+    if declared is not None and declared > max_bytes:
+        raise _too_large(max_bytes)
+    while True:
+        message = await request.receive()
+        chunk = _chunk_of(message)
+        if file.size + len(chunk) > max_bytes:
+            raise _too_large(max_bytes)
+        try:
+            file.append(chunk)
+        except OSError:
+            raise GatewayError(
+                503, "The gateway has no memory for this request body now; try again."
+            ) from None
+        if not message.get("more_body", False):
+            return
+
+
+def _chunk_of(message: Message) -> bytes:
+    if message["type"] == "http.disconnect":
+        raise GatewayError(400, "The client closed the connection mid-request.")
+    return message.get("body", b"")
 
 
 def _too_large(max_bytes: int) -> GatewayError:

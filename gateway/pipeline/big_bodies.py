@@ -6,6 +6,8 @@ stream for that long. A body of at least `FIRSTTOKEN_BIG_BODY_BYTES` therefore g
 to a small process pool that does what the loop would have done: parse within the limits,
 validate, find object references, run the policy chain for each route of the model's chain and
 encode each upstream body, measure the policy report. The loop gets back bytes and a few facts.
+The body and the upstream bodies cross in a memory file (`gateway.boundary.body_files`), not in
+the pool's pipe, whose pickling would hold the interpreter lock for every copy.
 
 Chat bodies take this path on chains of `openai` and `azure` routes: their upstream body is the
 encoded JSON as it is; so does a Messages body for an `anthropic` route and a Responses body for an
@@ -20,15 +22,23 @@ data, so nothing of the gateway's state crosses the process boundary besides wha
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gateway.boundary.body_files import (
+    BodyFile,
+    FileRef,
+    Span,
+    read_in_worker,
+    write_in_worker,
+)
 from gateway.config.routes import OPENAI_BODY_KINDS
 from gateway.config.settings import SECRET_FIELDS, Settings
 from gateway.pipeline.policies import POLICY_HEADER
@@ -38,6 +48,8 @@ if TYPE_CHECKING:
     from gateway.boundary.offload import HeavyWork
 from gateway.errors import GatewayError
 
+log = logging.getLogger("firsttoken.big_bodies")
+
 # Set in each worker process by `worker_init`.
 _WORKER: dict[str, Any] = {}
 WORKER_NICE = 19  # a worker yields the CPU to the serving loop whenever both want it
@@ -45,8 +57,9 @@ WORKER_NICE = 19  # a worker yields the CPU to the serving loop whenever both wa
 
 @dataclass(frozen=True)
 class RouteBody:
-    encoded: bytes  # the upstream request body
+    encoded: bytes  # the upstream request body (empty while it is in the body file at `span`)
     upstream_model: str
+    span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,14 @@ class Refused:
         return GatewayError(
             self.status, self.message, type=self.type, param=self.param, code=self.code
         )
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The worker could not read the body's memory file (no `/proc`, say): the gateway sends
+    the body in the pickle instead."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -159,6 +180,32 @@ def prepare(
         return _prepare(raw, endpoint, tenant, policy_header, find_refs, fingerprints)
     except GatewayError as exc:
         return Refused(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+def prepare_from_file(ref: FileRef, *args: Any) -> Prepared | Refused | NotHere | Unreadable:
+    """`prepare` (with `args`, the rest of its arguments) for a body in the gateway's memory
+    file (`body_files`): the upstream bodies go back in the same file, and only their spans in
+    the answer."""
+    try:
+        fd, raw = read_in_worker(ref)
+    except OSError as exc:
+        return Unreadable(f"{type(exc).__name__}: {exc}")
+    try:
+        outcome = prepare(raw, *args)
+        if not isinstance(outcome, Prepared):
+            return outcome
+        names = list(outcome.bodies)
+        try:
+            spans = write_in_worker(fd, [outcome.bodies[name].encoded for name in names])
+        except OSError:
+            return outcome  # the bodies travel in the pickle
+        bodies = {
+            name: RouteBody(b"", outcome.bodies[name].upstream_model, span)
+            for name, span in zip(names, spans, strict=True)
+        }
+        return replace(outcome, bodies=bodies)
+    finally:
+        os.close(fd)
 
 
 def _prepare_native(
@@ -292,17 +339,21 @@ class BigBodyWorkers:
         self.offload = offload
         self.find_references = find_references
         self.fingerprints = fingerprints
+        self.unreadable = 0  # bodies whose worker could not read their memory file
 
     def takes(self, api: str, size: int) -> bool:
         return api in ("chat", "completions", *NATIVE_KIND) and self.offload.is_big(size)
 
     async def parse(
-        self, admitted: AdmittedRequest, parser: Callable[[bytes, Settings], Any] | None = None
+        self,
+        admitted: AdmittedRequest,
+        parser: Callable[[bytes, Settings], Any] | None = None,
+        file: BodyFile | None = None,
     ) -> Prepared | None:
-        outcome = await self.offload.run_in_process(
-            admitted.tenant,
-            prepare,
-            admitted.raw,
+        """The worker's preparation of `admitted`'s body (in `file` when admission read it
+        into one, else `admitted.raw`); the body crosses in a memory file where there is one,
+        else in the pickle."""
+        args = (
             admitted.api,
             admitted.tenant,
             admitted.headers.get(POLICY_HEADER),
@@ -310,6 +361,47 @@ class BigBodyWorkers:
             self.fingerprints,
             parser if admitted.api in NATIVE_KIND else None,
         )
+        run, tenant = self.offload.run_in_process, admitted.tenant
+        own = file is None
+        if own:
+            file = await BodyFile.write(admitted.raw)
+        try:
+            outcome = None
+            if file is not None:
+                outcome = await run(tenant, prepare_from_file, file.ref, *args)
+                if isinstance(outcome, Unreadable):
+                    self._note_unreadable(outcome)
+                    outcome = None
+                elif isinstance(outcome, Prepared):
+                    outcome = await _bodies_read(file, outcome)
+            if outcome is None:
+                raw = admitted.raw if own or file is None else await file.read_all()
+                outcome = await run(tenant, prepare, raw, *args)
+        finally:
+            if own and file is not None:
+                file.close()
         if isinstance(outcome, Refused):
             raise outcome.error()
         return outcome if isinstance(outcome, Prepared) else None
+
+    def _note_unreadable(self, outcome: Unreadable) -> None:
+        if not self.unreadable:
+            log.warning(
+                "a big-body worker could not read the body's memory file (%s); big bodies "
+                "are sent to the workers in the pool's pipe, which stalls the loop longer",
+                outcome.reason,
+            )
+        self.unreadable += 1
+
+
+async def _bodies_read(file: BodyFile, prepared: Prepared) -> Prepared:
+    """`prepared` with the upstream bodies the worker left in `file` read back."""
+    spans = {name: body.span for name, body in prepared.bodies.items() if body.span is not None}
+    if not spans:
+        return prepared
+    names = list(spans)
+    data = await file.read(list(spans.values()))
+    bodies = dict(prepared.bodies)
+    for name, encoded in zip(names, data, strict=True):
+        bodies[name] = RouteBody(encoded, bodies[name].upstream_model)
+    return replace(prepared, bodies=bodies)

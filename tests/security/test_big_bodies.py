@@ -4,12 +4,18 @@ as on the event loop: the same policies, the same errors, the same ownership che
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
+from urllib.parse import urlsplit
 
 import httpx
 import openai
 import orjson
 import pytest
 
+import gateway.boundary.admit as admit_module
+from gateway.boundary.body_files import BodyFile
 from gateway.errors import GatewayError
 from tests.security.conftest import TENANT_A_KEY, TENANT_B_KEY, auth
 from tests.support.clients import sdk_client
@@ -98,6 +104,68 @@ def test_a_big_body_cannot_name_another_tenants_file(big_gateway, mock_upstream)
         b.chat.completions.create(**chat([part, {"type": "text", "text": "summarise"}]))
     assert a.chat.completions.create(**chat([part, {"type": "text", "text": "go"}])).choices
     assert sum(r["path"] == "/v1/chat/completions" for r in mock_upstream.mock.requests) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory files are Linux's")
+def test_a_big_body_goes_into_a_memory_file_as_it_arrives(big_gateway, mock_upstream, monkeypatch):
+    """Declared big, the body is never one object in the gateway: its pieces go into the
+    worker's memory file as they arrive, and `read_body` (which joins them) is not used."""
+    joined, appended = [], []
+    read_body, append = admit_module.read_body, BodyFile.append
+
+    async def counting_read_body(*args, **kwargs):
+        joined.append(1)
+        return await read_body(*args, **kwargs)
+
+    def counting_append(self, chunk):
+        appended.append(len(chunk))
+        return append(self, chunk)
+
+    monkeypatch.setattr(admit_module, "read_body", counting_read_body)
+    monkeypatch.setattr(BodyFile, "append", counting_append)
+    body = orjson.dumps(chat("x" * 300_000))
+    r = httpx.post(
+        big_gateway.url + "/v1/chat/completions",
+        content=body,
+        headers={**auth(TENANT_A_KEY), "content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    assert joined == [] and sum(appended) == len(body)
+    sent = mock_upstream.mock.requests[-1]["body"]["messages"]
+    assert sent[1]["content"] == "x" * 300_000  # what the worker read back is the whole body
+
+
+def _body_files_open() -> int:
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += "firsttoken-body" in os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory files are Linux's")
+def test_a_client_that_leaves_mid_body_leaves_no_memory_file_open(big_gateway, mock_upstream):
+    before = _body_files_open()
+    address = urlsplit(big_gateway.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            f"authorization: Bearer {TENANT_A_KEY}\r\ncontent-type: application/json\r\n"
+            "content-length: 200000\r\n\r\n"
+        )
+        conn.sendall(head.encode() + b'{"model": "mock-1", "messages": [' + b" " * 50_000)
+        deadline = time.monotonic() + 10
+        while _body_files_open() == before and time.monotonic() < deadline:
+            time.sleep(0.01)  # the gateway has begun writing the body into its file
+        assert _body_files_open() == before + 1
+    deadline = time.monotonic() + 10
+    while _body_files_open() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _body_files_open() == before
+    assert mock_upstream.mock.requests == []
 
 
 def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
