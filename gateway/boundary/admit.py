@@ -176,9 +176,9 @@ class Admission:
         self.authenticate(admitted)
         settings = self.settings
         big = self.big_bodies
-        declared = declared_length(admitted.request)
-        if big is not None and declared is not None and big.takes(admitted.api, declared):
-            await self._admit_big(admitted, big, parse)
+        file = self._file_for(admitted, big)
+        if file is not None:
+            await self._admit_in_file(admitted, big, parse, file)
         else:
             admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
             if big is not None and big.takes(admitted.api, len(admitted.raw)):
@@ -186,8 +186,7 @@ class Admission:
         if admitted.offloaded is not None:
             admitted.model, admitted.stream = admitted.offloaded.model, admitted.offloaded.stream
         else:
-            raw = admitted.raw
-            parsed = parse(raw, settings)
+            parsed = parse(admitted.raw, settings)
             admitted.body, admitted.model, admitted.stream = (
                 parsed.body,
                 parsed.model,
@@ -198,20 +197,26 @@ class Admission:
         admitted.chain = await self.upstreams.chain_for(admitted.model)
         return admitted
 
-    async def _admit_big(
-        self, admitted: AdmittedRequest, big: BigBodies, parse: BodyParser
+    @staticmethod
+    def _file_for(admitted: AdmittedRequest, big: BigBodies | None) -> BodyFile | None:
+        """A memory file for a body declared big enough for a worker (None for any other, or
+        where there are no memory files)."""
+        if big is None:
+            return None
+        declared = declared_length(admitted.request)
+        if declared is None or not big.takes(admitted.api, declared):
+            return None
+        return BodyFile.create()
+
+    async def _admit_in_file(
+        self, admitted: AdmittedRequest, big: BigBodies | None, parse: BodyParser, file: BodyFile
     ) -> None:
-        """A body declared big enough for a worker is read into a memory file as it arrives
-        and handed over in it; `admitted.raw` is filled only when it must be parsed here after
-        all (its routes need the parsed body in this process)."""
-        limit = self.settings.max_body_bytes
-        file = BodyFile.create()
-        if file is None:
-            admitted.raw = await read_body(admitted.request, limit)
-            admitted.offloaded = await big.parse(admitted, parse)
-            return
+        """The body is read into `file` as it arrives and handed to a worker in it;
+        `admitted.raw` is filled only when it must be parsed here after all (its routes need
+        the parsed body in this process)."""
+        assert big is not None  # `_file_for` gives a file only for a big body
         try:
-            await read_body_into(admitted.request, limit, file)
+            await read_body_into(admitted.request, self.settings.max_body_bytes, file)
             admitted.offloaded = await big.parse(admitted, parse, file)
             if admitted.offloaded is None:
                 admitted.raw = await file.read_all()

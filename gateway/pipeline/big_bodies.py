@@ -375,7 +375,7 @@ class BigBodyWorkers:
                 elif isinstance(outcome, Prepared):
                     outcome = await _bodies_read(file, outcome)
             if outcome is None:
-                raw = admitted.raw if own or file is None else await file.read_all()
+                raw = await file.read_all() if file is not None and not own else admitted.raw
                 outcome = await run(tenant, prepare, raw, *args)
         finally:
             if own and file is not None:
