@@ -168,6 +168,29 @@ def test_a_client_that_leaves_mid_body_leaves_no_memory_file_open(big_gateway, m
     assert mock_upstream.mock.requests == []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory files are Linux's")
+def test_a_body_declared_over_the_limit_is_413_and_leaves_no_memory_file(big_gateway):
+    before = _body_files_open()
+    address = urlsplit(big_gateway.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            f"authorization: Bearer {TENANT_A_KEY}\r\ncontent-type: application/json\r\n"
+            f"content-length: {1 << 30}\r\n\r\n"
+        )
+        conn.sendall(head.encode() + b'{"model": "mock-1", "messages": [')
+        answer = b""
+        while b"request_too_large" not in answer:
+            chunk = conn.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413")
+    deadline = time.monotonic() + 10
+    while _body_files_open() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _body_files_open() == before
+
+
 def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
     r = httpx.post(
         big_gateway.url + "/v1/chat/completions",
