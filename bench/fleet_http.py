@@ -2,6 +2,7 @@
 front of the same prefix-caching engines under the same seeded workload.
 
     python bench/fleet_http.py [--quick] [--seconds 90] [--replicas 4] [--rate 3.0] [--seed 7]
+                               [--only NAMES] [--cpu-breakdown]
 
 Engines: `bench/fleet_engine.py`, one process each (16-token block chains, an LRU smaller than
 the working set, `--slots` at once and a queue, TTFT = 20 ms + 0.25 ms per uncached token,
@@ -24,7 +25,12 @@ the slowdown served by another replica than their previous turn; router CPU per 
 requests (user and system time of its process tree over the workload, idle time included) and
 while idle (read for 3 s before the workload, 1 s with `--quick`). After the prefix affinity
 run, one tenant sends 12 requests that fail (400s, 500s its own bodies cause) and `/readyz`
-must still show every replica healthy. Writes
+must still show every replica healthy. With `--cpu-breakdown`, prefix affinity runs three more
+times after the others, with settings that switch parts of the gateway off
+(`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which also stops the prefix-break
+diagnostics and the shadow cache advisor; both): what is left with both off is the request path
+itself (admission, the choice of a replica, the relay), to set beside the bare relay's figure.
+Writes
 bench/results/fleet_http.json, with what explains the figures: the cached share before and
 after the slowdown per engine (and the part lost to system prompts recomputed), how many
 engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
@@ -231,6 +237,7 @@ class Variant:
     name: str
     kind: str  # "gateway", "floor" (bench/minimal_passthrough.py) or "sglang"
     balance: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # gateway settings beside the route
     result: dict = field(default_factory=dict)
 
 
@@ -264,7 +271,7 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
                 64 * 1024, args.cache_blocks * 16 * 6 // BLOCK_CHARS * ENTRY_BYTES
             ),
         }
-        env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode()}
+        env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode(), **variant.env}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
         drain_log(proc, collections.deque(maxlen=50))  # a chatty log must never block it
         return proc, base + "/chat/completions"
@@ -329,7 +336,11 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
-        failures = tenant_failures(url) if variant.balance == "prefix_affinity" else None
+        failures = (
+            tenant_failures(url)
+            if variant.balance == "prefix_affinity" and not variant.env
+            else None
+        )
     finally:
         if router is not None:
             stop_tree(router)
@@ -444,6 +455,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
     parser.add_argument(
+        "--cpu-breakdown",
+        action="store_true",
+        help="also run prefix affinity with policies, telemetry, or both switched off",
+    )
+    parser.add_argument(
         "--watch-costs",
         action="store_true",
         help="read the gateway's cost terms each second after the slowdown into the JSON "
@@ -475,10 +491,22 @@ def variants(args) -> list[Variant]:
         print("sglang-router is not installed (pip install sglang-router): cache_aware skipped")
     else:
         out.append(Variant("sglang cache_aware", "sglang"))
+    if args.cpu_breakdown:
+        out += [Variant(name, "gateway", "prefix_affinity", env) for name, env in BREAKDOWN.items()]
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
         out = [v for v in out if v.name in wanted or v.balance in wanted or v.kind in wanted]
     return out
+
+
+# Prefix affinity with parts of the gateway switched off by its own settings (--cpu-breakdown).
+# Telemetry off also stops the prefix-break diagnostics and the shadow cache advisor, which
+# read and write its store.
+BREAKDOWN = {
+    "PA, no policies": {"FIRSTTOKEN_POLICIES": "none"},
+    "PA, no telemetry": {"FIRSTTOKEN_TELEMETRY": "false"},
+    "PA, neither": {"FIRSTTOKEN_POLICIES": "none", "FIRSTTOKEN_TELEMETRY": "false"},
+}
 
 
 ROWS = (
@@ -532,7 +560,7 @@ def main() -> int:
         for proc in engine_procs:
             stop(proc)
     print_table(done)
-    affinity = next((v for v in done if v.balance == "prefix_affinity"), None)
+    affinity = next((v for v in done if v.balance == "prefix_affinity" and not v.env), None)
     if affinity is not None and affinity.result["tenant_failures"] is not None:
         f = affinity.result["tenant_failures"]
         print(

@@ -31,3 +31,36 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     assert floor["requests"] > 1 and floor["errors"] == 0, floor
     assert all(floor["served"].values()) and sum(floor["served"].values()) == floor["requests"]
     assert floor["router_cpu_idle_ms_per_s"] >= 0 and floor["router_cpu_s_per_1000"] > 0
+
+
+def test_cpu_breakdown_runs_prefix_affinity_again_with_parts_switched_off(monkeypatch) -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    monkeypatch.setattr(sys, "argv", ["fleet_http.py", "--cpu-breakdown", "--only", "gateway"])
+    args = fleet_http.parse_args()
+    chosen = fleet_http.variants(args)
+    extra = [v for v in chosen if v.env]
+    assert [v.balance for v in extra] == ["prefix_affinity"] * 3
+    assert [v.env for v in extra] == list(fleet_http.BREAKDOWN.values())
+    assert {"FIRSTTOKEN_POLICIES": "none", "FIRSTTOKEN_TELEMETRY": "false"} in [
+        v.env for v in extra
+    ]
+
+    # each variant's settings reach its gateway beside the route
+    started: list[dict] = []
+
+    def fake_start_gateway(upstream: str, env: dict):
+        started.append(env)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(fleet_http, "start_gateway", fake_start_gateway)
+    for variant in extra:
+        try:
+            fleet_http.start_router(variant, ["http://127.0.0.1:9"], args)
+        except RuntimeError:
+            pass
+    assert [{k: v for k, v in env.items() if k != "FIRSTTOKEN_ROUTES"} for env in started] == [
+        v.env for v in extra
+    ]
+    assert all("FIRSTTOKEN_ROUTES" in env for env in started)
