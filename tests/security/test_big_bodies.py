@@ -238,11 +238,12 @@ async def test_a_worker_that_dies_fails_its_request_alone():
 
 
 def test_workers_exit_when_their_gateway_is_killed(tmp_path):
-    """A gateway killed outright leaves no worker process behind holding memory."""
+    """A gateway killed outright leaves no worker process behind holding memory, and none of
+    its pool's named semaphores in /dev/shm: multiprocessing's resource tracker, which outlives
+    the gateway, removes them (and says so on the stderr it inherited, read here)."""
+    import contextlib
     import signal
     import subprocess
-    import sys
-    import time
 
     script = tmp_path / "gw.py"
     script.write_text(
@@ -261,20 +262,36 @@ def test_workers_exit_when_their_gateway_is_killed(tmp_path):
         "    asyncio.run(main())\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    before = _named_semaphores()
     gateway = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         worker = int(gateway.stdout.readline())
         assert os.path.exists(f"/proc/{worker}")
+        pools = _named_semaphores() - before
+        assert pools, "the worker pool made no named semaphore: nothing to check"
         gateway.send_signal(signal.SIGKILL)
         gateway.wait(10)
         deadline = time.monotonic() + 10
         while _alive(worker):
             assert time.monotonic() < deadline, "the worker outlived its gateway"
             time.sleep(0.1)
+        while pools & _named_semaphores():
+            assert time.monotonic() < deadline, "the killed gateway's semaphores stayed"
+            time.sleep(0.1)
     finally:
         gateway.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            gateway.communicate(timeout=10)  # the tracker's note on what it removed
+
+
+def _named_semaphores() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
 
 
 def _alive(pid: int) -> bool:
