@@ -176,8 +176,8 @@ class Admission:
         self.authenticate(admitted)
         settings = self.settings
         big = self.big_bodies
-        file = self._file_for(admitted, big)
-        if file is not None:
+        file = None if big is None else self._file_for(admitted, big)
+        if big is not None and file is not None:
             await self._admit_in_file(admitted, big, parse, file)
         else:
             admitted.raw = await read_body(admitted.request, settings.max_body_bytes)
@@ -198,23 +198,20 @@ class Admission:
         return admitted
 
     @staticmethod
-    def _file_for(admitted: AdmittedRequest, big: BigBodies | None) -> BodyFile | None:
+    def _file_for(admitted: AdmittedRequest, big: BigBodies) -> BodyFile | None:
         """A memory file for a body declared big enough for a worker (None for any other, or
         where there are no memory files)."""
-        if big is None:
-            return None
         declared = declared_length(admitted.request)
         if declared is None or not big.takes(admitted.api, declared):
             return None
         return BodyFile.create()
 
     async def _admit_in_file(
-        self, admitted: AdmittedRequest, big: BigBodies | None, parse: BodyParser, file: BodyFile
+        self, admitted: AdmittedRequest, big: BigBodies, parse: BodyParser, file: BodyFile
     ) -> None:
         """The body is read into `file` as it arrives and handed to a worker in it;
         `admitted.raw` is filled only when it must be parsed here after all (its routes need
         the parsed body in this process)."""
-        assert big is not None  # `_file_for` gives a file only for a big body
         try:
             await read_body_into(admitted.request, self.settings.max_body_bytes, file)
             admitted.offloaded = await big.parse(admitted, parse, file)

@@ -112,7 +112,7 @@ class BodyFile:
         """Close the descriptor now, or when the thread still using it is done."""
         busy, self._busy = self._busy, None
         if busy is not None and not busy.done():
-            busy.add_done_callback(lambda done: self._close_after(done))
+            busy.add_done_callback(self._close_after)
         elif self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -361,28 +361,33 @@ class BigBodyWorkers:
             self.fingerprints,
             parser if admitted.api in NATIVE_KIND else None,
         )
-        run, tenant = self.offload.run_in_process, admitted.tenant
         own = file is None
         if own:
             file = await BodyFile.write(admitted.raw)
         try:
-            outcome = None
-            if file is not None:
-                outcome = await run(tenant, prepare_from_file, file.ref, *args)
-                if isinstance(outcome, Unreadable):
-                    self._note_unreadable(outcome)
-                    outcome = None
-                elif isinstance(outcome, Prepared):
-                    outcome = await _bodies_read(file, outcome)
-            if outcome is None:
+            outcome = await self._in_file(admitted.tenant, file, args) if file is not None else None
+            if outcome is None:  # no memory file, or the worker could not read it
                 raw = await file.read_all() if file is not None and not own else admitted.raw
-                outcome = await run(tenant, prepare, raw, *args)
+                outcome = await self.offload.run_in_process(admitted.tenant, prepare, raw, *args)
         finally:
             if own and file is not None:
                 file.close()
         if isinstance(outcome, Refused):
             raise outcome.error()
         return outcome if isinstance(outcome, Prepared) else None
+
+    async def _in_file(
+        self, tenant: str, file: BodyFile, args: tuple[Any, ...]
+    ) -> Prepared | Refused | NotHere | None:
+        """The worker's outcome for the body in `file`, its upstream bodies read back; None
+        when the worker could not read the file."""
+        outcome = await self.offload.run_in_process(tenant, prepare_from_file, file.ref, *args)
+        if isinstance(outcome, Unreadable):
+            self._note_unreadable(outcome)
+            return None
+        if isinstance(outcome, Prepared):
+            return await _bodies_read(file, outcome)
+        return outcome
 
     def _note_unreadable(self, outcome: Unreadable) -> None:
         if not self.unreadable:

@@ -146,49 +146,50 @@ def _body_files_open() -> int:
     return count
 
 
+def _wait_for_body_files(count: int) -> int:
+    """How many memory files are open once there are `count` (or 10 s have passed)."""
+    deadline = time.monotonic() + 10
+    while _body_files_open() != count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _body_files_open()
+
+
+def _post_head(gateway, content_length: int, first_bytes: bytes) -> socket.socket:
+    """A connection that has sent a chat request's head declaring `content_length` and only
+    `first_bytes` of its body."""
+    address = urlsplit(gateway.url)
+    conn = socket.create_connection((address.hostname, address.port), timeout=10)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        f"authorization: Bearer {TENANT_A_KEY}\r\ncontent-type: application/json\r\n"
+        f"content-length: {content_length}\r\n\r\n"
+    )
+    conn.sendall(head.encode() + first_bytes)
+    return conn
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory files are Linux's")
 def test_a_client_that_leaves_mid_body_leaves_no_memory_file_open(big_gateway, mock_upstream):
     before = _body_files_open()
-    address = urlsplit(big_gateway.url)
-    with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-            f"authorization: Bearer {TENANT_A_KEY}\r\ncontent-type: application/json\r\n"
-            "content-length: 200000\r\n\r\n"
-        )
-        conn.sendall(head.encode() + b'{"model": "mock-1", "messages": [' + b" " * 50_000)
-        deadline = time.monotonic() + 10
-        while _body_files_open() == before and time.monotonic() < deadline:
-            time.sleep(0.01)  # the gateway has begun writing the body into its file
-        assert _body_files_open() == before + 1
-    deadline = time.monotonic() + 10
-    while _body_files_open() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _body_files_open() == before
+    start = b'{"model": "mock-1", "messages": [' + b" " * 50_000
+    with _post_head(big_gateway, 200_000, start):
+        # the gateway has begun writing the body into its file
+        assert _wait_for_body_files(before + 1) == before + 1
+    assert _wait_for_body_files(before) == before
     assert mock_upstream.mock.requests == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory files are Linux's")
 def test_a_body_declared_over_the_limit_is_413_and_leaves_no_memory_file(big_gateway):
     before = _body_files_open()
-    address = urlsplit(big_gateway.url)
-    with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-            f"authorization: Bearer {TENANT_A_KEY}\r\ncontent-type: application/json\r\n"
-            f"content-length: {1 << 30}\r\n\r\n"
-        )
-        conn.sendall(head.encode() + b'{"model": "mock-1", "messages": [')
+    with _post_head(big_gateway, 1 << 30, b'{"model": "mock-1", "messages": [') as conn:
         answer = b""
         while b"request_too_large" not in answer:
             chunk = conn.recv(65536)
             assert chunk, answer
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 413")
-    deadline = time.monotonic() + 10
-    while _body_files_open() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _body_files_open() == before
+    assert _wait_for_body_files(before) == before
 
 
 def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
