@@ -47,13 +47,6 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GREEDY_TEXTS = [
-    "Write a short poem about the sea.",
-    "Explain what a prefix cache does in two sentences.",
-    "def fibonacci(n):",
-    "List three facts about the moon.",
-    "请用中文简单介绍一下长城的历史。",
-]
 WORKER_TIMEOUT_S = 900.0  # no single request to a worker may take longer
 # vLLM's first start compiles the model (about 4 minutes on 2 busy cores; cached after).
 WORKER_START_TIMEOUT_S = 1200.0
@@ -374,6 +367,7 @@ def measure(contenders: list[Contender], args: argparse.Namespace, vocab: int) -
 
 
 def greedy(contenders: list[Contender], args: argparse.Namespace) -> dict[str, list[list[int]]]:
+    from bench.smollm2_checkpoint import GREEDY_TEXTS
     from engine_backend.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(args.model)
@@ -415,7 +409,7 @@ def run_dtype(args: argparse.Namespace, dtype: str, base_path: str | None) -> di
     for name, row in summary.items():
         pairs = list(zip(outputs[name], outputs[reference], strict=True))
         same = sum(a == b for a, b in pairs)
-        row["greedy_identical"] = f"{same}/{len(GREEDY_TEXTS)}"
+        row["greedy_identical"] = f"{same}/{len(pairs)}"
         # Per prompt, the first generated position where the two differ (None: identical).
         row["greedy_first_difference"] = [first_difference(a, b) for a, b in pairs]
     return {"dtype": dtype, "reference": reference, "contenders": summary}

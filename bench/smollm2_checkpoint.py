@@ -38,6 +38,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from engine_backend.demo import cached_model_folder, default_cache_dir, write_model_files
 
 FORMAT_VERSION = 1
+# The prompts whose greedy answers the engine benches compare (`bench/engine_vs_vllm.py`), and
+# on which `--margins` shows this checkpoint makes such a comparison meaningful.
+GREEDY_TEXTS = [
+    "Write a short poem about the sea.",
+    "Explain what a prefix cache does in two sentences.",
+    "def fibonacci(n):",
+    "List three facts about the moon.",
+    "请用中文简单介绍一下长城的历史。",
+]
 VOCAB_SIZE = 49152
 # SmolLM2's special tokens take the first ids, in its order.
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -240,8 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     path = build_checkpoint(args.cache_dir, args.embed_std)
     print(path)
     if args.margins:
-        from bench.engine_vs_vllm import GREEDY_TEXTS
-
         print(
             f"{'min lead':>9} {'min lead/std':>13} {'median lead':>12} {'distinct':>9} "
             f"{'context':>8}"
