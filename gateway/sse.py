@@ -10,7 +10,7 @@ never rescanned from its start, so a stream costs time linear in its bytes howev
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass
 
 import orjson
@@ -185,16 +185,23 @@ class EventRead:
     last: bool = False  # the body ended; `events` holds what the parser still had
 
 
-async def read_events(chunks: AsyncIterable[bytes], limit: int) -> AsyncIterator[EventRead]:
+async def read_events(chunks: AsyncIterable[bytes], limit: int) -> AsyncGenerator[EventRead, None]:
     """An upstream body as whole events, read by read, each within `limit` bytes: a partial
-    event is never delivered. Ends after a `too_big` read, or with a `last` one."""
+    event is never delivered. Ends after a `too_big` read, or with a `last` one. Closing it
+    closes `chunks` too (a generator of its own, for a `bedrock` route), so a reader that
+    stops at the answer's end and closes it leaves neither for the event loop."""
     parser = SSEParser(limit)
-    async for chunk in chunks:
-        arrived = time.perf_counter()
-        try:
-            events = parser.feed(chunk)
-        except EventTooLarge as exc:  # the events that did complete still go out first
-            yield EventRead(exc.events, arrived, too_big=True)
-            return
-        yield EventRead(events, arrived)
-    yield EventRead(parser.flush(), time.perf_counter(), last=True)
+    try:
+        async for chunk in chunks:
+            arrived = time.perf_counter()
+            try:
+                events = parser.feed(chunk)
+            except EventTooLarge as exc:  # the events that did complete still go out first
+                yield EventRead(exc.events, arrived, too_big=True)
+                return
+            yield EventRead(events, arrived)
+        yield EventRead(parser.flush(), time.perf_counter(), last=True)
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

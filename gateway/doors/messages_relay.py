@@ -224,8 +224,9 @@ class MessagesRelay:
         await self.start(200, [*SSE_RAW_HEADERS, *headers, *await self._policy_headers()])
         self.streaming = True
         limit = self.settings.max_event_bytes
+        reads = read_events(body, limit)
         try:
-            async for read in read_events(body, limit):
+            async for read in reads:
                 if await self._forward(read.events, read.arrived):
                     return
                 if read.too_big:
@@ -241,6 +242,8 @@ class MessagesRelay:
             self.record.status = "upstream_error"
             await self.end(error_event(f"The upstream stream failed ({type(exc).__name__})."))
             return
+        finally:
+            await reads.aclose()  # the reads stop at message_stop, before the body's end
         self.record.status = "upstream_error"
         await self.end(error_event("The upstream stream ended before message_stop."))
 

@@ -222,8 +222,9 @@ class Relay:
         observer = self.observer
         observed: list[SSEEvent] = []  # events read since the observer last saw some
         status = 200
+        reads = read_events(resp.content.iter_any(), limit)
         try:
-            async for read in read_events(resp.content.iter_any(), limit):
+            async for read in reads:
                 events = read.events
                 if observer is not None:
                     observed.extend(events)
@@ -258,6 +259,8 @@ class Relay:
         except (aiohttp.ClientError, ValueError) as exc:
             await self.error_event(f"The upstream stream failed ({type(exc).__name__}).")
             status = 502
+        finally:
+            await reads.aclose()  # a write that failed left it suspended
         await self.end()
         return status
 

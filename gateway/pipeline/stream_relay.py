@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -36,6 +35,7 @@ from gateway.upstreams.base import (
     Upstream,
     UpstreamError,
     UpstreamTimeout,
+    close_iterator,
 )
 
 log = logging.getLogger("firsttoken.proxy")
@@ -230,8 +230,7 @@ class StreamRelay:
                 if not over:
                     async for batch in iterator:
                         if await self._forward(send, batch):
-                            await _close_iterator(iterator)  # nothing after [DONE] is read
-                            break
+                            break  # nothing after [DONE] is read
         except TimeoutError:
             record.status = "timeout"
             tail = self._failed("upstream timed out mid-stream", "timeout_error")
@@ -254,6 +253,7 @@ class StreamRelay:
         else:
             tail = self._ending()
         finally:
+            await close_iterator(iterator)
             await stream.aclose()
         await self._end(send, tail)
 
@@ -318,9 +318,3 @@ class StreamRelay:
 
 async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
-
-
-async def _close_iterator(iterator: Any) -> None:
-    aclose = getattr(iterator, "aclose", None)
-    if aclose is not None:
-        await aclose()

@@ -262,6 +262,15 @@ class EventStream(Protocol):
     async def aclose(self) -> None: ...
 
 
+async def close_iterator(iterator: object) -> None:
+    """Close the iterator of an event stream whose reader stopped early (at `[DONE]`, on a
+    failure): an async generator left suspended is handed to the event loop to finalize, a
+    wake-up and a task per stream, and its cleanup then runs at no defined time."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 class Upstream(Protocol):
     """The one contract between the gateway and an upstream kind (`openai`, `azure`,
     `anthropic`, `gemini`, `vertex`, `bedrock`, `local`, and the replicated and pd routes). The

@@ -33,7 +33,7 @@ import socket
 import ssl
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httptools
@@ -375,9 +375,17 @@ class Http1Response:
     def closed(self) -> bool:
         return self._done or self._draining
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    def iter_any(self) -> Http1Response:
         """Each read's body bytes as they arrive (whatever waited, joined); AnswerBroken if the
-        answer ends before it is whole."""
+        answer ends before it is whole. The answer is its own iterator, not an async generator:
+        a reader that stops at `[DONE]` drops it, where a generator left suspended would be
+        handed to the event loop to finalize (a wake-up and a task per answer)."""
+        return self
+
+    def __aiter__(self) -> Http1Response:
+        return self
+
+    async def __anext__(self) -> bytes:
         chunks = self._chunks
         while True:
             if chunks:
@@ -387,14 +395,13 @@ class Http1Response:
                 if self._paused:
                     self._paused = False
                     self._conn.resume_reading()
-                yield data
-            elif self._error is not None:
+                return data
+            if self._error is not None:
                 raise self._error
-            elif self._complete:
+            if self._complete:
                 self._finish(keep_alive=self._keep_alive)
-                return
-            else:
-                await self._wait()
+                raise StopAsyncIteration
+            await self._wait()
 
     def release(self) -> None:
         """Done with the answer: its connection is reused once the answer has ended. What is

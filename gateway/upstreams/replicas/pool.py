@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.config.routes import Replica, Route, pool_names
-from gateway.upstreams.base import EventStream, ModelCard, OutEvent, UpstreamError
+from gateway.upstreams.base import (
+    EventStream,
+    ModelCard,
+    OutEvent,
+    UpstreamError,
+    close_iterator,
+)
 from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
 from gateway.upstreams.replicas.health import (
     EjectionLimit,
@@ -383,6 +389,8 @@ class MemberStream:
             self._finish(failure)
 
     async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await close_iterator(self._iterator)  # read from, maybe not to its end
         with contextlib.suppress(Exception):
             await self._inner.aclose()
         self._end(self._timed_out())
