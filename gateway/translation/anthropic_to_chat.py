@@ -12,7 +12,6 @@ The write count has no OpenAI field, so it is kept visible in two places (see `o
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -20,6 +19,16 @@ import orjson
 
 from gateway.errors import error_body, upstream_error_parts
 from gateway.telemetry.usage import from_anthropic
+from gateway.translation.chat_answer import obj
+from gateway.translation.chat_writer import (
+    assistant_message,
+    chunk,
+    chunk_head,
+    completion,
+    completion_choice,
+    function_call,
+    new_chat_id,
+)
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -90,44 +99,19 @@ def to_openai_response(
         elif kind == "tool_use" and answer_tool is not None and block.get("name") == answer_tool:
             if not answered:
                 answered = True
-                texts.append(orjson.dumps(_obj(block.get("input"))).decode())
+                texts.append(orjson.dumps(obj(block.get("input"))).decode())
         elif kind == "tool_use":
-            tool_calls.append(
-                {
-                    "id": block["id"],
-                    "type": "function",
-                    "function": {
-                        "name": block["name"],
-                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
-                    },
-                }
-            )
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not tool_calls else None,
-        "refusal": None,
-    }
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
-    return {
-        "id": resp.get("id") or _new_id(),
-        "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": _answered_reason(
-                    finish_reason(resp.get("stop_reason")) or "stop", answered, bool(tool_calls)
-                ),
-            }
-        ],
-        "usage": openai_usage(resp.get("usage")),
-    }
+            tool_calls.append(function_call(block["id"], block["name"], block.get("input")))
+    reason = _answered_reason(
+        finish_reason(resp.get("stop_reason")) or "stop", answered, bool(tool_calls)
+    )
+    return completion(
+        resp.get("id") or new_chat_id(),
+        model,
+        int(time.time()) if created is None else created,
+        [completion_choice(assistant_message(texts, thoughts, tool_calls), reason)],
+        openai_usage(resp.get("usage")),
+    )
 
 
 def _answered_reason(reason: str, answered: bool, tool_calls: bool) -> str:
@@ -172,7 +156,7 @@ class AnthropicStreamTranslator:
         if kind == "content_block_start":
             return self._on_block_start(data)
         if kind == "message_start":
-            return self._on_message_start(_obj(data.get("message")))
+            return self._on_message_start(obj(data.get("message")))
         if kind == "message_delta":
             return self._on_message_delta(data)
         if kind == "content_block_stop":
@@ -182,7 +166,7 @@ class AnthropicStreamTranslator:
                 return [{**self._chunk_head(), "choices": [], "usage": self.usage}]
             return []
         if kind == "error":
-            error = _obj(data.get("error"))
+            error = obj(data.get("error"))
             raise AnthropicStreamError(
                 str(error.get("message") or "upstream stream error"),
                 str(error.get("type") or "api_error"),
@@ -191,12 +175,12 @@ class AnthropicStreamTranslator:
 
     def _on_message_start(self, message: dict) -> list[dict]:
         if self.id is None:
-            self.id = message.get("id") or _new_id()
-        self._update_usage(_obj(message.get("usage")))
+            self.id = message.get("id") or new_chat_id()
+        self._update_usage(obj(message.get("usage")))
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _on_block_start(self, data: dict) -> list[dict]:
-        block = _obj(data.get("content_block"))
+        block = obj(data.get("content_block"))
         kind = block.get("type")
         if kind == "tool_use" and self._is_answer(block):
             if self._answer_block is not None:
@@ -226,7 +210,7 @@ class AnthropicStreamTranslator:
         return []
 
     def _on_block_delta(self, data: dict) -> list[dict]:
-        delta = _obj(data.get("delta"))
+        delta = obj(data.get("delta"))
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
@@ -258,8 +242,8 @@ class AnthropicStreamTranslator:
         return [self._chunk({"content": "{}"})]
 
     def _on_message_delta(self, data: dict) -> list[dict]:
-        self._update_usage(_obj(data.get("usage")))
-        reason = finish_reason(_obj(data.get("delta")).get("stop_reason"))
+        self._update_usage(obj(data.get("usage")))
+        reason = finish_reason(obj(data.get("delta")).get("stop_reason"))
         if reason is None:
             return []
         answered = self._answer_block is not None
@@ -277,21 +261,12 @@ class AnthropicStreamTranslator:
         self.usage = openai_usage(self._anthropic_usage)
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
-        chunk = self._chunk_head()
-        chunk["choices"] = [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ]
-        return chunk
+        return chunk(self._chunk_head(), delta, finish_reason)
 
     def _chunk_head(self) -> dict:
         if self.id is None:
-            self.id = _new_id()
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-        }
+            self.id = new_chat_id()
+        return chunk_head(self.id, self.model, self.created)
 
 
 def error_to_openai(status: int, body: bytes) -> dict:
@@ -301,13 +276,3 @@ def error_to_openai(status: int, body: bytes) -> dict:
     (`gateway.errors.upstream_error_parts`)."""
     parts = upstream_error_parts(status, body, _ERROR_TYPE_BY_STATUS.get(status, "api_error"))
     return error_body(parts["message"], parts["type"])
-
-
-def _obj(value: Any) -> dict:
-    """`value` when it is an object, else an empty one: an unexpected shape from upstream is
-    ignored like an unknown field, not a crash."""
-    return value if isinstance(value, dict) else {}
-
-
-def _new_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)

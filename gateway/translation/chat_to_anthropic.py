@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.translation.anthropic_structured import add_answer_tool, answer_tool
+from gateway.translation.chat_content import content_parts, part_text
 from gateway.translation.errors import TranslationError as TranslationError
 
 DEFAULT_MAX_TOKENS = 4096
@@ -195,28 +196,17 @@ def _with_message_cache_control(blocks: list[dict], message: dict) -> list[dict]
 
 
 def _content_blocks(content: Any, where: str) -> list[dict]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    if not isinstance(content, list):
-        raise TranslationError("'content' must be a string or a list of parts", f"{where}.content")
-    blocks = []
-    for j, part in enumerate(content):
-        block = _part_block(part, f"{where}.content[{j}]")
-        if block is not None:
-            blocks.append(block)
-    return blocks
+    return content_parts(content, where, _text_block, _part_block)
 
 
-def _part_block(part: Any, where: str) -> dict | None:
-    if not isinstance(part, dict):
-        raise TranslationError("each content part must be an object", where)
+def _text_block(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def _part_block(part: dict, where: str) -> dict | None:
     kind = part.get("type")
     if kind == "text":
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise TranslationError("a text part needs a string 'text'", f"{where}.text")
+        text = part_text(part, where)
         if not text:
             return None  # Anthropic rejects empty text blocks
         block: dict[str, Any] = {"type": "text", "text": text}

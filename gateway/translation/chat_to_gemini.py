@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from gateway.translation.chat_content import content_parts, part_text
 from gateway.translation.chat_to_anthropic import TranslationError
 
 # Gemini's own request fields, accepted from `extra_body` and forwarded as they are.
@@ -227,28 +228,17 @@ def _append(contents: list[dict], role: str, parts: list[dict]) -> None:
 
 
 def _parts(content: Any, where: str) -> list[dict]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    if not isinstance(content, list):
-        raise TranslationError("'content' must be a string or a list of parts", f"{where}.content")
-    parts = []
-    for j, part in enumerate(content):
-        translated = _part(part, f"{where}.content[{j}]")
-        if translated is not None:
-            parts.append(translated)
-    return parts
+    return content_parts(content, where, _text_part, _part)
 
 
-def _part(part: Any, where: str) -> dict | None:
-    if not isinstance(part, dict):
-        raise TranslationError("each content part must be an object", where)
+def _text_part(text: str) -> dict:
+    return {"text": text}
+
+
+def _part(part: dict, where: str) -> dict | None:
     kind = part.get("type")
     if kind == "text":
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise TranslationError("a text part needs a string 'text'", f"{where}.text")
+        text = part_text(part, where)
         return {"text": text} if text else None
     if kind == "refusal":
         return {"text": str(part.get("refusal") or "")}

@@ -14,11 +14,20 @@ beside them.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
-import orjson
+from gateway.translation.chat_answer import obj
+from gateway.translation.chat_writer import (
+    assistant_message,
+    chunk,
+    chunk_head,
+    completion,
+    completion_choice,
+    count,
+    function_call,
+    new_chat_id,
+)
 
 STOP_REASONS = {
     "end_turn": "stop",
@@ -46,72 +55,47 @@ def converse_usage(usage: Any) -> dict:
     """Converse usage -> OpenAI usage, Bedrock's counts kept beside it. A count that is not a
     non-negative integer reads as 0: a bad field loses only itself."""
     usage = usage if isinstance(usage, dict) else {}
-    fresh = _count(usage.get("inputTokens"))
-    cache_read = _count(usage.get("cacheReadInputTokens"))
-    cache_write = _count(usage.get("cacheWriteInputTokens"))
+    fresh = count(usage.get("inputTokens"))
+    cache_read = count(usage.get("cacheReadInputTokens"))
+    cache_write = count(usage.get("cacheWriteInputTokens"))
     prompt = fresh + cache_read + cache_write
-    completion = _count(usage.get("outputTokens"))
+    output = count(usage.get("outputTokens"))
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
         "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
     }
-    out.update((name, _count(usage[name])) for name in CONVERSE_USAGE_FIELDS if name in usage)
+    out.update((name, count(usage[name])) for name in CONVERSE_USAGE_FIELDS if name in usage)
     return out
 
 
 def to_openai_response(resp: dict, model: str, *, created: int | None = None) -> dict:
     """A non-streaming Converse answer -> an OpenAI `chat.completion`."""
-    output = _obj(resp.get("output"))
-    content = _obj(output.get("message")).get("content")
+    output = obj(resp.get("output"))
+    content = obj(output.get("message")).get("content")
     texts: list[str] = []
     thoughts: list[str] = []
     tool_calls: list[dict] = []
     for block in content if isinstance(content, list) else ():
-        block = _obj(block)
+        block = obj(block)
         if isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif "toolUse" in block:
-            use = _obj(block["toolUse"])
-            tool_calls.append(
-                {
-                    "id": use["toolUseId"],
-                    "type": "function",
-                    "function": {
-                        "name": use["name"],
-                        "arguments": orjson.dumps(use.get("input") or {}).decode(),
-                    },
-                }
-            )
+            use = obj(block["toolUse"])
+            tool_calls.append(function_call(use["toolUseId"], use["name"], use.get("input")))
         elif "reasoningContent" in block:
-            text = _obj(_obj(block["reasoningContent"]).get("reasoningText")).get("text")
+            text = obj(obj(block["reasoningContent"]).get("reasoningText")).get("text")
             if isinstance(text, str):
                 thoughts.append(text)
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not tool_calls else None,
-        "refusal": None,
-    }
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
-    return {
-        "id": _new_id(),
-        "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish_reason(resp.get("stopReason")),
-            }
-        ],
-        "usage": converse_usage(resp.get("usage")),
-    }
+    message = assistant_message(texts, thoughts, tool_calls)
+    return completion(
+        new_chat_id(),
+        model,
+        int(time.time()) if created is None else created,
+        [completion_choice(message, finish_reason(resp.get("stopReason")))],
+        converse_usage(resp.get("usage")),
+    )
 
 
 class ConverseStreamTranslator:
@@ -122,7 +106,7 @@ class ConverseStreamTranslator:
     def __init__(self, model: str, *, created: int | None = None, request_id: str | None = None):
         self.model = model
         self.created = int(time.time()) if created is None else created
-        self.id = request_id or _new_id()
+        self.id = request_id or new_chat_id()
         self.usage: dict | None = None
         self.stopped = False  # messageStop came: the answer is whole
         self._tool_by_block: dict[int, int] = {}
@@ -143,7 +127,7 @@ class ConverseStreamTranslator:
         return []  # contentBlockStop, and event types added after this was written
 
     def _on_block_start(self, data: dict) -> list[dict]:
-        use = _obj(_obj(data.get("start")).get("toolUse"))
+        use = obj(obj(data.get("start")).get("toolUse"))
         if not use:
             return []
         index = len(self._tool_by_block)
@@ -157,53 +141,30 @@ class ConverseStreamTranslator:
         return [self._chunk({"tool_calls": [call]})]
 
     def _on_delta(self, data: dict) -> list[dict]:
-        delta = _obj(data.get("delta"))
+        delta = obj(data.get("delta"))
         text = delta.get("text")
         if isinstance(text, str):
             return [self._chunk({"content": text})] if text else []
         if "toolUse" in delta:
-            fragment = _obj(delta["toolUse"]).get("input")
+            fragment = obj(delta["toolUse"]).get("input")
             index = self._tool_by_block.get(_block_index(data))
             if not isinstance(fragment, str) or not fragment or index is None:
                 return []
             return [
                 self._chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
             ]
-        thinking = _obj(delta.get("reasoningContent")).get("text")
+        thinking = obj(delta.get("reasoningContent")).get("text")
         if isinstance(thinking, str) and thinking:
             return [self._chunk({"reasoning_content": thinking})]
         return []  # a reasoning signature, citations: nothing an OpenAI client can use
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
-        chunk = self._head()
-        chunk["choices"] = [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ]
-        return chunk
+        return chunk(self._head(), delta, finish_reason)
 
     def _head(self) -> dict:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-        }
+        return chunk_head(self.id, self.model, self.created)
 
 
 def _block_index(data: dict) -> int:
     index = data.get("contentBlockIndex")
     return index if isinstance(index, int) else 0
-
-
-def _obj(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return 0
-
-
-def _new_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)

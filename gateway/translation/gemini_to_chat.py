@@ -23,7 +23,18 @@ from typing import Any
 import orjson
 
 from gateway.errors import error_body
+from gateway.translation.chat_answer import obj
 from gateway.translation.chat_to_gemini import SIGNATURE_SEPARATOR
+from gateway.translation.chat_writer import (
+    as_list,
+    assistant_message,
+    chunk,
+    chunk_head,
+    completion,
+    completion_choice,
+    count,
+    function_call,
+)
 
 FINISH_REASONS = {
     "STOP": "stop",
@@ -74,16 +85,16 @@ def finish_reason(reason: Any, called: bool) -> str | None:
 def openai_usage(metadata: Any) -> dict:
     """Gemini `usageMetadata` -> OpenAI usage, the original kept under `usageMetadata`. A count
     that is not a non-negative integer reads as 0: a bad field loses only itself."""
-    meta = _obj(metadata)
-    prompt = _count(meta.get("promptTokenCount")) + _count(meta.get("toolUsePromptTokenCount"))
-    thoughts = _count(meta.get("thoughtsTokenCount"))
-    completion = _count(meta.get("candidatesTokenCount")) + thoughts
-    total = _count(meta.get("totalTokenCount")) or prompt + completion
+    meta = obj(metadata)
+    prompt = count(meta.get("promptTokenCount")) + count(meta.get("toolUsePromptTokenCount"))
+    thoughts = count(meta.get("thoughtsTokenCount"))
+    output = count(meta.get("candidatesTokenCount")) + thoughts
+    total = count(meta.get("totalTokenCount")) or prompt + output
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
+        "completion_tokens": output,
         "total_tokens": total,
-        "prompt_tokens_details": {"cached_tokens": _count(meta.get("cachedContentTokenCount"))},
+        "prompt_tokens_details": {"cached_tokens": count(meta.get("cachedContentTokenCount"))},
         "completion_tokens_details": {"reasoning_tokens": thoughts},
         "usageMetadata": meta,
     }
@@ -95,15 +106,15 @@ def openai_logprobs(candidate: dict) -> dict | None:
     result = candidate.get("logprobsResult")
     if not isinstance(result, dict):
         return None
-    tops = _list(result.get("topCandidates"))
+    tops = as_list(result.get("topCandidates"))
     content = []
-    for step, chosen in enumerate(_list(result.get("chosenCandidates"))):
-        chosen = _obj(chosen)
-        top = _obj(tops[step]).get("candidates") if step < len(tops) else None
+    for step, chosen in enumerate(as_list(result.get("chosenCandidates"))):
+        chosen = obj(chosen)
+        top = obj(tops[step]).get("candidates") if step < len(tops) else None
         content.append(
             {
                 **_token_logprob(chosen),
-                "top_logprobs": [_token_logprob(_obj(c)) for c in _list(top)],
+                "top_logprobs": [_token_logprob(obj(c)) for c in as_list(top)],
             }
         )
     return {"content": content, "refusal": None}
@@ -122,7 +133,7 @@ def _token_logprob(entry: dict) -> dict:
 def new_call_id(part: dict) -> str:
     """An OpenAI tool call id for a Gemini function call part: Gemini's own id when it sent
     one (Vertex does), and the part's thought signature after the separator."""
-    call = _obj(part.get("functionCall"))
+    call = obj(part.get("functionCall"))
     own = call.get("id")
     call_id = own if isinstance(own, str) and own else "call_" + secrets.token_hex(12)
     signature = part.get("thoughtSignature")
@@ -132,63 +143,37 @@ def new_call_id(part: dict) -> str:
 
 
 def tool_call(part: dict, index: int | None = None) -> dict:
-    call = _obj(part.get("functionCall"))
-    out: dict[str, Any] = {} if index is None else {"index": index}
-    out["id"] = new_call_id(part)
-    out["type"] = "function"
-    out["function"] = {
-        "name": str(call.get("name") or ""),
-        "arguments": orjson.dumps(call.get("args") or {}).decode(),
-    }
-    return out
+    call = obj(part.get("functionCall"))
+    return function_call(new_call_id(part), str(call.get("name") or ""), call.get("args"), index)
 
 
 def to_openai_response(resp: dict, model: str, *, request_id: str, created: int) -> dict:
     """A whole `GenerateContentResponse` -> an OpenAI `chat.completion`."""
     choices = []
-    for position, candidate in enumerate(_list(resp.get("candidates"))):
-        candidate = _obj(candidate)
+    for position, candidate in enumerate(as_list(resp.get("candidates"))):
+        candidate = obj(candidate)
         texts: list[str] = []
         thoughts: list[str] = []
         calls: list[dict] = []
-        for part in _list(_obj(candidate.get("content")).get("parts")):
-            part = _obj(part)
+        for part in as_list(obj(candidate.get("content")).get("parts")):
+            part = obj(part)
             if "functionCall" in part:
                 calls.append(tool_call(part))
             elif isinstance(part.get("text"), str):
                 (thoughts if part.get("thought") else texts).append(part["text"])
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": "".join(texts) if texts or not calls else None,
-            "refusal": None,
-        }
-        if calls:
-            message["tool_calls"] = calls
-        if thoughts:
-            message["reasoning_content"] = "".join(thoughts)
         index = candidate.get("index")
         choices.append(
-            {
-                "index": index if isinstance(index, int) else position,
-                "message": message,
-                "logprobs": openai_logprobs(candidate),
-                "finish_reason": finish_reason(candidate.get("finishReason"), bool(calls))
-                or "stop",
-            }
+            completion_choice(
+                assistant_message(texts, thoughts, calls),
+                finish_reason(candidate.get("finishReason"), bool(calls)) or "stop",
+                index if isinstance(index, int) else position,
+                openai_logprobs(candidate),
+            )
         )
-    if not choices and _obj(resp.get("promptFeedback")).get("blockReason"):
+    if not choices and obj(resp.get("promptFeedback")).get("blockReason"):
         message = {"role": "assistant", "content": None, "refusal": None}
-        choices.append(
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": "content_filter"}
-        )
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": openai_usage(resp.get("usageMetadata")),
-    }
+        choices.append(completion_choice(message, "content_filter"))
+    return completion(request_id, model, created, choices, openai_usage(resp.get("usageMetadata")))
 
 
 class GeminiStreamTranslator:
@@ -216,16 +201,16 @@ class GeminiStreamTranslator:
         chunks: list[dict] = []
         if "usageMetadata" in data:
             self.usage = openai_usage(data["usageMetadata"])
-        candidates = _list(data.get("candidates"))
+        candidates = as_list(data.get("candidates"))
         for position, candidate in enumerate(candidates):
-            candidate = _obj(candidate)
+            candidate = obj(candidate)
             index = candidate.get("index")
             index = index if isinstance(index, int) and 0 <= index < 128 else position
             if index not in self._started:
                 self._started.add(index)
                 self._open.add(index)
                 chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
-            parts = self._parts(index, _obj(candidate.get("content")).get("parts"))
+            parts = self._parts(index, obj(candidate.get("content")).get("parts"))
             logprobs = openai_logprobs(candidate)
             if logprobs is not None and parts:
                 parts[-1]["choices"][0]["logprobs"] = logprobs
@@ -234,7 +219,7 @@ class GeminiStreamTranslator:
             if reason is not None and index in self._open:
                 self._open.discard(index)
                 chunks.append(self._chunk(index, {}, reason))
-        feedback = _obj(data.get("promptFeedback"))
+        feedback = obj(data.get("promptFeedback"))
         if not candidates and feedback.get("blockReason"):
             self.prompt_feedback = feedback
             chunks.append(self._chunk(0, {"role": "assistant", "content": ""}))
@@ -243,8 +228,8 @@ class GeminiStreamTranslator:
 
     def _parts(self, index: int, parts: Any) -> list[dict]:
         chunks = []
-        for part in _list(parts):
-            part = _obj(part)
+        for part in as_list(parts):
+            part = obj(part)
             if "functionCall" in part:
                 position = self._calls.get(index, 0)
                 self._calls[index] = position + 1
@@ -261,19 +246,10 @@ class GeminiStreamTranslator:
         return {**self._head(), "choices": [], "usage": self.usage}
 
     def _chunk(self, index: int, delta: dict, finish: str | None = None) -> dict:
-        chunk = self._head()
-        chunk["choices"] = [
-            {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        ]
-        return chunk
+        return chunk(self._head(), delta, finish, index)
 
     def _head(self) -> dict:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-        }
+        return chunk_head(self.id, self.model, self.created)
 
 
 def google_error(body: bytes | None) -> dict | None:
@@ -305,23 +281,9 @@ def error_to_openai(status: int, body: bytes | None) -> tuple[int, dict, float |
     out_status = status if status >= 400 else implied
     message = str(error.get("message") or f"upstream returned {name}")
     retry_after = None
-    for detail in _list(error.get("details")):
-        detail = _obj(detail)
+    for detail in as_list(error.get("details")):
+        detail = obj(detail)
         if detail.get("@type") == RETRY_INFO_TYPE and isinstance(detail.get("retryDelay"), str):
             found = _RETRY_DELAY.fullmatch(detail["retryDelay"])
             retry_after = float(found.group(1)) if found else None
     return out_status, error_body(message, kind, code=name.lower()), retry_after
-
-
-def _obj(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return 0
