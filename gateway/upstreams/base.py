@@ -54,6 +54,19 @@ class UpstreamResponse(Protocol):
     def release(self) -> Any: ...
 
 
+def end_answer(resp: UpstreamResponse, answered: bool) -> None:
+    """Done reading an event stream's answer: its connection goes back to the pool when the
+    answer ended as its protocol says (what may follow is the body's terminator); after any
+    other end it is closed, so a half-read answer never goes back and the upstream sees the
+    connection drop at once."""
+    if resp.closed:
+        return
+    if answered:
+        resp.release()
+    else:
+        resp.close()
+
+
 @dataclass(slots=True)
 class OutEvent:
     raw: bytes  # SSE-framed bytes for the client

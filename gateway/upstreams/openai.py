@@ -27,6 +27,7 @@ from gateway.upstreams.base import (
     UpstreamBody,
     UpstreamResponse,
     encode_body,
+    end_answer,
     event_too_large,
     relayed_headers,
     usage_from_chunk,
@@ -156,15 +157,7 @@ class OpenAIEventStream:
         return out
 
     async def aclose(self) -> None:
-        # A stream that ended with `[DONE]` releases its connection for reuse (what follows is
-        # the body's terminator). Any other end closes it: a half-read stream must not go back
-        # to the pool, and the upstream must see the connection drop at once.
-        if self._resp.closed:
-            return
-        if self.answered:
-            self._resp.release()
-        else:
-            self._resp.close()
+        end_answer(self._resp, self.answered)  # `[DONE]` is OpenAI's end of the answer
 
 
 def json_events(chunk: bytes, limit: int) -> list[bytes] | None:

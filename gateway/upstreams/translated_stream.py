@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from gateway.sse import EventTooLarge, SSEEvent, SSEParser
-from gateway.upstreams.base import OutEvent, UpstreamResponse, event_too_large, relayed_headers
+from gateway.upstreams.base import (
+    OutEvent,
+    UpstreamResponse,
+    end_answer,
+    event_too_large,
+    relayed_headers,
+)
 
 
 class TranslatedEventStream:
@@ -61,10 +67,4 @@ class TranslatedEventStream:
         return OutEvent.failure(f"route {self._route!r}: {message}")
 
     async def aclose(self) -> None:
-        # As `OpenAIEventStream.aclose`: reuse after a clean end, else drop the connection.
-        if self._resp.closed:
-            return
-        if self.answered:
-            self._resp.release()
-        else:
-            self._resp.close()
+        end_answer(self._resp, self.answered)
