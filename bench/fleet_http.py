@@ -73,6 +73,11 @@ from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
 IDLE_S = 3.0  # the router's CPU is read this long while idle, before the workload
+# Issue 21's acceptance on this bench (prefix affinity, beside sglang-router where it ran).
+TARGET_CACHED_SHARE = 0.90
+TARGET_SLOW_SHARE = 0.10
+TARGET_WARM_MOVED = 2
+TARGET_CPU_S_PER_1000 = 2.5
 WORDS = [f"w{i}" for i in range(5000)]
 
 
@@ -522,6 +527,65 @@ ROWS = (
 )
 
 
+def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
+    """Issue 21's acceptance on this run: (target, met, the figures); met is None where the
+    comparison did not run (no prefix affinity variant, or sglang-router not installed)."""
+    ours = next((v.result for v in done if v.balance == "prefix_affinity" and not v.env), None)
+    theirs = next((v.result for v in done if v.kind == "sglang"), None)
+    if ours is None:
+        return []
+    out: list[tuple[str, bool | None, str]] = []
+
+    def against(name: str, key: str, fmt: str, higher_is_better: bool) -> None:
+        mine = ours[key]
+        if theirs is None:
+            out.append((f"{name} vs sglang-router", None, fmt.format(mine) + ", no sglang run"))
+            return
+        other = theirs[key]
+        met = mine >= other if higher_is_better else mine <= other
+        out.append((f"{name} vs sglang-router", met, f"{fmt.format(mine)} vs {fmt.format(other)}"))
+
+    share = ours["cached_share"]
+    out.append(
+        (f"cached share >= {TARGET_CACHED_SHARE:.0%}", share >= TARGET_CACHED_SHARE, f"{share:.1%}")
+    )
+    against("cached share", "cached_share", "{:.1%}", higher_is_better=True)
+    against("TTFT p99 after warm-up", "ttft_p99_warm_ms", "{:,.0f} ms", higher_is_better=False)
+    against(
+        "TTFT p99 after the slowdown",
+        "ttft_p99_after_slowdown_ms",
+        "{:,.0f} ms",
+        higher_is_better=False,
+    )
+    slow = ours["slow_share_of_new_sessions"]
+    out.append(
+        (
+            f"e0's share of new sessions <= {TARGET_SLOW_SHARE:.0%}",
+            slow <= TARGET_SLOW_SHARE,
+            f"{slow:.1%}",
+        )
+    )
+    moved = ours["warm_follow_ups_moved"]
+    out.append(
+        (f"warm follow-ups moved <= {TARGET_WARM_MOVED}", moved <= TARGET_WARM_MOVED, str(moved))
+    )
+    failures = ours.get("tenant_failures")
+    if failures is not None:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(failures["replica_states"].items()))
+        out.append(
+            ("one tenant's failures leave every replica healthy", failures["all_healthy"], states)
+        )
+    cpu = ours["router_cpu_s_per_1000"]
+    out.append(
+        (
+            f"router CPU <= {TARGET_CPU_S_PER_1000:g} ms per request",
+            cpu <= TARGET_CPU_S_PER_1000,
+            f"{cpu:.2f} ms",
+        )
+    )
+    return out
+
+
 def print_table(done: list[Variant]) -> None:
     width = 44
     print(f"{'':<{width}}" + "".join(f"{v.name:>20}" for v in done))
@@ -567,11 +631,15 @@ def main() -> int:
             f"one tenant's 12 failing requests (answered {f['statuses']}): replicas "
             f"{f['replica_states']} -> {'all healthy' if f['all_healthy'] else 'NOT all healthy'}"
         )
+    met = targets(done)
+    for name, ok, figures in met:
+        print(f"  {'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {name}: {figures}")
     print(f"elapsed {time.perf_counter() - began:.0f} s (measured on a shared machine: noisy)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     report = {
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "variants": {v.name: v.result for v in done},
+        "targets": [{"target": n, "met": ok, "figures": f} for n, ok, f in met],
         "sglang_router": shutil.which("sglang-router") is not None,
     }
     with open(args.out, "wb") as fh:

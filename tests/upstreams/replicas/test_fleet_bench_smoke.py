@@ -26,6 +26,10 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     failures = result["tenant_failures"]
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
     assert "cached share of prompt tokens" in proc.stdout
+    judged = {t["target"]: t["met"] for t in json.loads(out.read_text())["targets"]}
+    assert judged["warm follow-ups moved <= 2"] in (True, False)
+    assert judged["one tenant's failures leave every replica healthy"] is True
+    assert "cached share >= 90%: " in proc.stdout
     # the floor relays every request, taking the engines in turn
     floor = variants["bare Python relay"]
     assert floor["requests"] > 1 and floor["errors"] == 0, floor
@@ -64,3 +68,53 @@ def test_cpu_breakdown_runs_prefix_affinity_again_with_parts_switched_off(monkey
         v.env for v in extra
     ]
     assert all("FIRSTTOKEN_ROUTES" in env for env in started)
+
+
+def _result(**figures) -> dict:
+    base = {
+        "cached_share": 0.93,
+        "ttft_p99_warm_ms": 700.0,
+        "ttft_p99_after_slowdown_ms": 600.0,
+        "slow_share_of_new_sessions": 0.05,
+        "warm_follow_ups_moved": 1,
+        "router_cpu_s_per_1000": 4.0,
+        "tenant_failures": None,
+    }
+    return {**base, **figures}
+
+
+def test_targets_judge_prefix_affinity_against_the_issue_and_sglang() -> None:
+    sys.path.insert(0, ROOT)
+    from bench.fleet_http import Variant, targets
+
+    healthy = {"replica_states": {"e0": "healthy", "e1": "healthy"}, "all_healthy": True}
+    ours = Variant("prefix affinity", "gateway", "prefix_affinity")
+    ours.result = _result(tenant_failures=healthy, cached_share=0.92)
+    switched_off = Variant("PA, no policies", "gateway", "prefix_affinity", {"X": "1"})
+    switched_off.result = _result(router_cpu_s_per_1000=1.0)  # never the one judged
+    sglang = Variant("sglang cache_aware", "sglang")
+    sglang.result = _result(cached_share=0.935, ttft_p99_warm_ms=750.0)
+    met = {name: ok for name, ok, _ in targets([ours, switched_off, sglang])}
+    assert met == {
+        "cached share >= 90%": True,
+        "cached share vs sglang-router": False,  # 92.0% under 93.5%
+        "TTFT p99 after warm-up vs sglang-router": True,  # 700 ms under 750 ms
+        "TTFT p99 after the slowdown vs sglang-router": True,  # equal counts as met
+        "e0's share of new sessions <= 10%": True,
+        "warm follow-ups moved <= 2": True,
+        "one tenant's failures leave every replica healthy": True,
+        "router CPU <= 2.5 ms per request": False,
+    }
+    # without sglang-router the comparisons are skipped, not passed
+    skipped = {name: ok for name, ok, _ in targets([ours])}
+    assert [n for n, ok in skipped.items() if ok is None] == [
+        "cached share vs sglang-router",
+        "TTFT p99 after warm-up vs sglang-router",
+        "TTFT p99 after the slowdown vs sglang-router",
+    ]
+    ours.result["warm_follow_ups_moved"] = 3
+    ours.result["slow_share_of_new_sessions"] = 0.11
+    judged = {name: ok for name, ok, _ in targets([ours])}
+    assert judged["warm follow-ups moved <= 2"] is False
+    assert judged["e0's share of new sessions <= 10%"] is False
+    assert targets([switched_off, sglang]) == []  # no default prefix affinity run: nothing judged
