@@ -27,11 +27,11 @@ from policies.tokens import count_request_tokens
 
 def clear_caches() -> None:
     """Forget every content-keyed cache (token counts, slimmed texts, block fingerprints,
-    decoded histories).
+    decoded histories, family keys).
 
     Only benchmarks need this, to measure the path a never-seen conversation takes.
     """
-    from policies import diagnostics, prefix_breaks, slim, tokens, volatile
+    from policies import cache_hints, diagnostics, prefix_breaks, slim, tokens, volatile
 
     tokens.clear_caches()
     slim._slim_cache.clear()
@@ -40,6 +40,7 @@ def clear_caches() -> None:
     diagnostics._decoded.clear()
     prefix_breaks._decoded_histories.clear()
     volatile._finds.clear()
+    cache_hints._family_keys.clear()
 
 
 __all__ = [

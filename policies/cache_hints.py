@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from policies.lru import BoundedLRU
 from policies.passages import find_passages, has_passage
 from policies.provider_limits import (
     ANTHROPIC_MAX_BREAKPOINTS,
@@ -66,21 +67,43 @@ def _digest(data: str, size: int) -> str:
     return hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
 
 
+# A family's key is asked for on every request of the family (and again by the cache advisor
+# for each shadow variant); what it is made of repeats, so it is kept by that: the texts' own
+# hashes (computed once per text object) replace masking and digesting the system prompt anew.
+_family_keys: BoundedLRU[str] = BoundedLRU(max_entries=10_000, max_weight=16_000_000)
+
+
 def prefix_family_key(body: dict, tenant: str, model: str) -> str:
     """``ft-<tenant hash 8>-<prefix shape hash 12>``: a stable name for a prompt's prefix family."""
     tools = tools_of(body) or []
-    names = sorted(tool_function_name(tool) for tool in tools)
-    system_texts = []
+    names = tuple(sorted(tool_function_name(tool) for tool in tools))
+    system_texts: list[str] = []
     for message in body.get("messages") or ():
         if role_of(message) not in SYSTEM_ROLES:
             break
-        text = mask_volatile(content_text(message.get("content")))
-        if has_passage(text):
-            text = _without_passage_bodies(text)
-        system_texts.append(text)
+        system_texts.append(content_text(message.get("content")))
+    prompt = None
     if "messages" not in body and isinstance(body.get("prompt"), str):
-        system_texts.append(mask_volatile(body["prompt"][:2048]))
-    shape = "\x1f".join([model, "\x1e".join(names), "\x1e".join(system_texts)])
+        prompt = body["prompt"][:2048]
+    made_of = (tenant, model, names, tuple(system_texts), prompt)
+    key = _family_keys.get(made_of)
+    if key is None:
+        key = _family_key(tenant, model, names, system_texts, prompt)
+        weight = sum(map(len, system_texts)) + len(prompt or "") + sum(map(len, names)) + 64
+        _family_keys.put(made_of, key, weight)
+    return key
+
+
+def _family_key(
+    tenant: str, model: str, names: tuple[str, ...], system_texts: list[str], prompt: str | None
+) -> str:
+    shapes = []
+    for text in system_texts:
+        text = mask_volatile(text)
+        shapes.append(_without_passage_bodies(text) if has_passage(text) else text)
+    if prompt is not None:
+        shapes.append(mask_volatile(prompt))
+    shape = "\x1f".join([model, "\x1e".join(names), "\x1e".join(shapes)])
     return f"ft-{_digest(tenant, 4)}-{_digest(shape, 6)}"
 
 

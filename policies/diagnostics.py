@@ -16,10 +16,12 @@ on purpose), and the difference between a string content and a single text part.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -36,8 +38,10 @@ _MAGIC = b"FTP1"
 _BLOCK_HEAD = struct.Struct("<BB8sIIBB")
 
 
-@dataclass(frozen=True)
-class BlockFingerprint:
+class BlockFingerprint(NamedTuple):
+    """One block of a prompt's prefix. A named tuple: a request makes one per tool and message,
+    on every request, and a tuple is made several times faster than a frozen dataclass."""
+
     label: str  # "tools[3]", "tool_choice", "messages[2]"
     kind: str  # one of KINDS
     digest: bytes  # 8 bytes over the block's normalized JSON
@@ -74,22 +78,32 @@ def _chunk_hashes(text: str) -> tuple[int, bytes]:
     return level, b"".join(chunks)
 
 
-_block_cache: BoundedLRU[tuple[bytes, int, int, bytes]] = BoundedLRU(50_000, 64_000_000)
+# What a block's normalized bytes give: digest, text length, chunk level, chunk hashes and token
+# count (a function of those bytes: cache markers are in neither). A conversation's earlier blocks
+# come back on every turn, so only its new messages are hashed and counted.
+_block_cache: BoundedLRU[tuple[bytes, int, int, bytes, int]] = BoundedLRU(50_000, 64_000_000)
 # Decoded fingerprints by their bytes; about 2 MB of blobs (a fingerprint holds no text).
 _decoded: BoundedLRU[PrefixFingerprints] = BoundedLRU(10_000, 2_000_000)
 
 
 def _fingerprint(
-    label: str, kind: str, normalized: Any, text: str, tokens: int
+    label: str,
+    kind: str,
+    normalized: Any,
+    text_of: Callable[[Any], str],
+    count_of: Callable[[Any], int],
 ) -> BlockFingerprint:
+    """The block of `normalized` (a tool, a parameter, a message without its cache markers);
+    its text and tokens are read from it only when it was not seen recently."""
     raw = orjson.dumps(normalized)
     cached = _block_cache.get(raw)
     if cached is None:
         digest = hashlib.blake2b(raw, digest_size=8).digest()
+        text = text_of(normalized)
         level, chunks = _chunk_hashes(text)
-        cached = (digest, len(text), level, chunks)
+        cached = (digest, len(text), level, chunks, count_of(normalized))
         _block_cache.put(raw, cached, len(raw))
-    digest, text_len, level, chunks = cached
+    digest, text_len, level, chunks, tokens = cached
     return BlockFingerprint(label, kind, digest, text_len, tokens, level, chunks)
 
 
@@ -97,6 +111,14 @@ def _without_marker(obj: Any) -> Any:
     if isinstance(obj, dict) and "cache_control" in obj:
         return {key: value for key, value in obj.items() if key != "cache_control"}
     return obj
+
+
+def _no_text(_: Any) -> str:
+    return ""
+
+
+def _message_text(message: Any) -> str:
+    return content_text(message.get("content")) if isinstance(message, dict) else ""
 
 
 def _normalized_message(message: Any) -> Any:
@@ -118,7 +140,12 @@ class PrefixFingerprints:
 
     def __init__(self, blocks: tuple[BlockFingerprint, ...]) -> None:
         self.blocks = blocks
-        self._bytes: bytes | None = None  # to_bytes, made once (the blocks never change)
+        # Made once, when first asked for (the blocks never change; a family's recorded
+        # fingerprints are compared with every request of the family).
+        self._bytes: bytes | None = None
+        self._keys: tuple[tuple[str, bytes], ...] | None = None
+        self._tokens_before: list[int] | None = None
+        self._leading: dict[frozenset[str], int] = {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PrefixFingerprints) and self.blocks == other.blocks
@@ -128,7 +155,32 @@ class PrefixFingerprints:
 
     @property
     def total_tokens(self) -> int:
-        return sum(block.tokens for block in self.blocks)
+        return self.tokens_before(len(self.blocks))
+
+    @property
+    def keys(self) -> tuple[tuple[str, bytes], ...]:
+        """Each block's label and digest: two fingerprints repeat a block when these are equal."""
+        if self._keys is None:
+            self._keys = tuple((block.label, block.digest) for block in self.blocks)
+        return self._keys
+
+    def tokens_before(self, index: int) -> int:
+        """Tokens of the blocks before `index`."""
+        if self._tokens_before is None:
+            self._tokens_before = [0, *itertools.accumulate(b.tokens for b in self.blocks)]
+        return self._tokens_before[index]
+
+    def leading(self, kinds: frozenset[str]) -> int:
+        """How many blocks at the start are of `kinds`."""
+        count = self._leading.get(kinds)
+        if count is None:
+            count = 0
+            for block in self.blocks:
+                if block.kind not in kinds:
+                    break
+                count += 1
+            self._leading[kinds] = count
+        return count
 
     @classmethod
     def from_body(cls, body: dict) -> PrefixFingerprints:
@@ -136,31 +188,30 @@ class PrefixFingerprints:
         for index, tool in enumerate(body.get("tools") or ()):
             normalized = _without_marker(tool)
             blocks.append(
-                _fingerprint(f"tools[{index}]", "tools", normalized, "", count_tool(normalized))
+                _fingerprint(f"tools[{index}]", "tools", normalized, _no_text, count_tool)
             )
         for key in PARAM_KEYS:
             if body.get(key) is not None:
                 value = {key: body[key]}
-                blocks.append(_fingerprint(key, "params", value, "", count_json(value)))
+                blocks.append(_fingerprint(key, "params", value, _no_text, count_json))
         messages = body.get("messages")
         if isinstance(messages, list):
             for index, message in enumerate(messages):
                 if is_volatile_note(message):
                     continue
                 kind = "system" if role_of(message) in SYSTEM_ROLES else "messages"
-                text = content_text(message.get("content")) if isinstance(message, dict) else ""
                 blocks.append(
                     _fingerprint(
                         f"messages[{index}]",
                         kind,
                         _normalized_message(message),
-                        text,
-                        count_message(message),
+                        _message_text,
+                        count_message,
                     )
                 )
         elif isinstance(body.get("prompt"), str):
             prompt = body["prompt"]
-            blocks.append(_fingerprint("prompt", "messages", prompt, prompt, count_prompt(prompt)))
+            blocks.append(_fingerprint("prompt", "messages", prompt, str, count_prompt))
         return cls(tuple(blocks))
 
     def to_bytes(self) -> bytes:
@@ -253,16 +304,25 @@ def first_changed_char(previous: BlockFingerprint, current: BlockFingerprint) ->
         and previous.chunks == current.chunks
     ):
         return None
-    old, new = _split(previous.chunks), _split(current.chunks)
     level = max(previous.level, current.level)
-    for _ in range(level - previous.level):
-        old = _coarsen(old)
-    for _ in range(level - current.level):
-        new = _coarsen(new)
-    for index, (a, b) in enumerate(zip(old, new, strict=False)):
-        if a != b:
-            return index * (CHUNK_CHARS << level)
-    return min(len(old), len(new)) * (CHUNK_CHARS << level)
+    old = _at_level(previous.chunks, level - previous.level)
+    new = _at_level(current.chunks, level - current.level)
+    length = min(len(old), len(new))
+    if old[:length] == new[:length]:
+        return length // 4 * (CHUNK_CHARS << level)
+    # The first differing byte is the highest one set in the two prefixes' XOR (big-endian).
+    differ = int.from_bytes(old[:length], "big") ^ int.from_bytes(new[:length], "big")
+    first_byte = length - (differ.bit_length() + 7) // 8
+    return first_byte // 4 * (CHUNK_CHARS << level)
+
+
+def _at_level(chunks: bytes, coarser: int) -> bytes:
+    if not coarser:
+        return chunks
+    hashes = _split(chunks)
+    for _ in range(coarser):
+        hashes = _coarsen(hashes)
+    return b"".join(hashes)
 
 
 def _family_rank(block: BlockFingerprint) -> int:

@@ -89,26 +89,22 @@ class FamilyBreak:
 
 def anchor_length(prints: PrefixFingerprints) -> int:
     """Leading blocks that define the family: tools, parameters, leading system messages."""
-    count = 0
-    for block in prints.blocks:
-        if block.kind not in ANCHOR_KINDS:
-            break
-        count += 1
-    return count
+    return prints.leading(ANCHOR_KINDS)
 
 
 def _common(previous: PrefixFingerprints, current: PrefixFingerprints) -> tuple[int, int]:
     """Leading blocks both repeat, and their tokens plus the repeated part of the next block."""
-    stable = 0
-    index = 0
-    for old, new in zip(previous.blocks, current.blocks, strict=False):
-        if old.label != new.label or old.digest != new.digest:
-            char = first_changed_char(old, new) if old.label == new.label else 0
-            if char and new.kind not in ("tools", "params"):
-                stable += new.tokens * min(char, new.text_len) // max(new.text_len, 1)
-            return index, stable
-        stable += new.tokens
-        index += 1
+    old_keys, new_keys = previous.keys, current.keys
+    length = min(len(old_keys), len(new_keys))
+    if old_keys[:length] == new_keys[:length]:  # the usual case: one extends the other
+        return length, current.tokens_before(length)
+    index = next(i for i in range(length) if old_keys[i] != new_keys[i])
+    stable = current.tokens_before(index)
+    old, new = previous.blocks[index], current.blocks[index]
+    if old.label == new.label and new.kind not in ("tools", "params"):
+        char = first_changed_char(old, new)
+        if char:
+            stable += new.tokens * min(char, new.text_len) // max(new.text_len, 1)
     return index, stable
 
 
@@ -183,6 +179,12 @@ def _conversation_break(entry: RecordedRequest, current: PrefixFingerprints) -> 
 def judge(entry: RecordedRequest, current: PrefixFingerprints) -> FamilyBreak:
     """What ``current`` broke of one recorded request's shared prefix."""
     diverged, stable = _common(entry.prints, current)
+    return _judged(entry, current, diverged, stable)
+
+
+def _judged(
+    entry: RecordedRequest, current: PrefixFingerprints, diverged: int, stable: int
+) -> FamilyBreak:
     if diverged >= len(entry.prints.blocks):
         return FamilyBreak((), entry.prints.total_tokens)
     found = []
@@ -198,26 +200,34 @@ def family_break(
     history: list[RecordedRequest], current: PrefixFingerprints
 ) -> tuple[FamilyBreak | None, RecordedRequest]:
     """The break judged against the best-matching recorded request (None without history), and
-    ``current`` as the family will record it."""
-    best: FamilyBreak | None = None
-    matched: RecordedRequest | None = None
-    judged: set[tuple[int, int]] = set()
+    ``current`` as the family will record it.
+
+    Every recorded request is measured (how far ``current`` repeats it: cheap), and only those
+    repeated longest are judged for breaks: of them the newest with a break, else the newest."""
+    measured: list[tuple[RecordedRequest, int, int]] = []
+    seen: set[tuple[int, int]] = set()
     for entry in reversed(history):  # newest first: it wins the remaining ties
-        seen = (id(entry.prints), entry.shared)  # decoding shares equal fingerprints
-        if seen in judged:
+        distinct = (id(entry.prints), entry.shared)  # decoding shares equal fingerprints
+        if distinct in seen:
             continue
-        judged.add(seen)
-        verdict = judge(entry, current)
-        if (
-            best is None
-            or verdict.stable_tokens > best.stable_tokens
-            or (verdict.stable_tokens == best.stable_tokens and verdict.breaks and not best.breaks)
-        ):
-            best, matched = verdict, entry
+        seen.add(distinct)
+        diverged, stable = _common(entry.prints, current)
+        if diverged >= len(entry.prints.blocks):
+            stable = entry.prints.total_tokens
+        measured.append((entry, diverged, stable))
+    best: FamilyBreak | None = None
     shared = anchor_length(current)
-    if matched is not None:
-        diverged, _ = _common(matched.prints, current)
-        shared = max(shared, diverged)
+    if measured:
+        longest = max(stable for _, _, stable in measured)
+        for entry, diverged, stable in measured:
+            if stable != longest:
+                continue
+            verdict = _judged(entry, current, diverged, stable)
+            if best is None or (verdict.breaks and not best.breaks):
+                best, matched_diverged = verdict, diverged
+                if verdict.breaks:
+                    break
+        shared = max(shared, matched_diverged)
     return best, RecordedRequest(current, shared)
 
 

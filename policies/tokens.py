@@ -119,7 +119,7 @@ def count_content(content: Any) -> int:
             if is_text_part(part):
                 continue
             if isinstance(part, dict) and is_payload_part(part):
-                total += count_json(part)
+                total += count_json(_without_cache_marker(part))
             else:
                 total += TOKENS_PER_MEDIA_PART
     return total
@@ -141,10 +141,14 @@ def count_message(message: Any) -> int:
 
 
 def count_tool(tool: Any) -> int:
-    # A cache marker is an instruction to the provider, not prompt text.
-    if isinstance(tool, dict) and "cache_control" in tool:
-        tool = {key: value for key, value in tool.items() if key != "cache_control"}
-    return count_json(tool)
+    return count_json(_without_cache_marker(tool))
+
+
+def _without_cache_marker(item: Any) -> Any:
+    """A cache marker is an instruction to the provider, not prompt text: it is not counted."""
+    if isinstance(item, dict) and "cache_control" in item:
+        return {key: value for key, value in item.items() if key != "cache_control"}
+    return item
 
 
 def count_prompt(prompt: Any) -> int:

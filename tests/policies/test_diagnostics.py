@@ -122,3 +122,70 @@ def test_completions_prompt_fingerprint():
     second = chain.apply({"model": "m", "prompt": "abc " * 200 + "xyz " * 100}, ctx).fingerprints
     found = find_prefix_break(first, second)
     assert found.location == "prompt@char 768"
+
+
+def _first_changed_chunk(previous, current):
+    """The definition `first_changed_char` computes faster: both texts' chunk hashes at the
+    coarser of their levels, compared one by one."""
+    from policies.diagnostics import CHUNK_CHARS, _coarsen, _split
+
+    if (previous.text_len, previous.level, previous.chunks) == (
+        current.text_len,
+        current.level,
+        current.chunks,
+    ):
+        return None
+    old, new = _split(previous.chunks), _split(current.chunks)
+    level = max(previous.level, current.level)
+    for _ in range(level - previous.level):
+        old = _coarsen(old)
+    for _ in range(level - current.level):
+        new = _coarsen(new)
+    for index, (a, b) in enumerate(zip(old, new, strict=False)):
+        if a != b:
+            return index * (CHUNK_CHARS << level)
+    return min(len(old), len(new)) * (CHUNK_CHARS << level)
+
+
+def test_first_changed_char_matches_a_chunk_by_chunk_comparison():
+    import random
+
+    from policies.diagnostics import _fingerprint, first_changed_char
+
+    rng = random.Random(5)
+    for _ in range(300):
+        text = "".join(rng.choice("abcde ") for _ in range(rng.randrange(0, 12_000)))
+        edit = rng.randrange(4)
+        if edit == 0 and text:  # one character changed
+            at = rng.randrange(len(text))
+            other = text[:at] + "Z" + text[at + 1 :]
+        elif edit == 1:  # cut short (possibly to a coarser or finer level)
+            other = text[: rng.randrange(len(text) + 1)]
+        elif edit == 2:  # grown
+            other = text + "x" * rng.randrange(1, 9_000)
+        else:
+            other = text
+        old = _fingerprint("messages[0]", "system", text, str, len)
+        new = _fingerprint("messages[0]", "system", other, str, len)
+        assert first_changed_char(old, new) == _first_changed_chunk(old, new)
+
+
+def test_a_block_counts_the_same_tokens_with_or_without_cache_markers():
+    """A block's fingerprint (tokens included) is kept by its bytes without cache markers, so a
+    marker on a tool, a message or a payload part must not change its count either."""
+    from policies.tokens import count_message, count_tool
+
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "forty-two " * 30}
+    marked = {**result, "cache_control": {"type": "ephemeral"}}
+    message = {"role": "user", "content": [{"type": "text", "text": "see"}, result]}
+    with_marker = {
+        "role": "user",
+        "content": [{"type": "text", "text": "see"}, marked],
+        "cache_control": {"type": "ephemeral"},
+    }
+    assert count_message(with_marker) == count_message(message) > 30
+    plain = tool("a")
+    assert count_tool({**plain, "cache_control": {"type": "ephemeral"}}) == count_tool(plain)
+    first = PrefixFingerprints.from_body(chat(message))
+    second = PrefixFingerprints.from_body(chat(with_marker))
+    assert [b.tokens for b in first.blocks] == [b.tokens for b in second.blocks]
