@@ -1,7 +1,7 @@
 """Gateway CPU per streamed request by turn of a conversation: does it grow with the prompt?
 
     python bench/turns_cpu.py [--sessions 8] [--turns 8] [--system-words 4000] [--prompts 2]
-                              [--baseline-rev REV]
+                              [--baseline-rev REV [--pairs N]]
 
 A mock upstream streams each answer (first token after 5 ms, 20 chunks 1 ms apart); the
 gateway (`firsttoken serve`, default settings: default policies, prefix-break diagnostics and
@@ -16,8 +16,10 @@ clock, as `bench/gateway_overhead.py` counts it) from just before a round to whe
 has gone quiet after it (its background work, the advisor's included, counts), less what the
 idle gateway spends in that time (measured for a second before the first round), divided by
 the round's requests. With `--baseline-rev`, a temporary worktree of that revision serves the
-same workload afterwards (fresh sessions from the same seed). CPU time, not wall time, so a
-loaded machine slows the bench more than it moves the figures.
+same workload afterwards (fresh sessions from the same seed); with `--pairs N` as well, each
+tree serves it N times, interleaved (ABBA...), the table shows the mean per turn and a line
+compares each pair's means (their median ratio is the figure to quote on a busy machine). CPU
+time, not wall time, so a loaded machine slows the bench more than it moves the figures.
 
 Targets (issue 21): at most 2.5 ms per request over the workload, and the last turn within
 1.5x of the first. `--groups N` runs N sets of sessions (other seeds) in each round, for
@@ -33,6 +35,7 @@ import collections
 import contextlib
 import os
 import random
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -113,8 +116,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--baseline-rev", help="a git revision to run the same workload through afterwards"
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=1,
+        help="with --baseline-rev: run both trees this many times each, interleaved (ABBA...), "
+        "and compare per pair; a noisy machine needs several",
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "turns_cpu.json"))
     args = parser.parse_args()
+    if not 1 <= args.pairs <= 10:
+        parser.error("--pairs in [1, 10]")
     if not 1 <= args.groups <= 16:
         parser.error("--groups in [1, 16]")
     if not (1 <= args.sessions <= 64 and 1 <= args.turns <= 32 and 1 <= args.prompts):
@@ -193,20 +205,51 @@ def run_turns(args: argparse.Namespace, upstream: str, root: str | None, deadlin
     return rows
 
 
+def interleaved(pairs: int) -> list[str]:
+    """The order the two trees run in: ABBA... (each pair's first run alternates), so that a
+    machine growing busier or quieter over the runs weighs on both alike."""
+    order: list[str] = []
+    for pair in range(pairs):
+        order += ["gateway", "baseline"] if pair % 2 == 0 else ["baseline", "gateway"]
+    return order
+
+
+def mean_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per turn, the mean CPU per request over the runs (the other columns are the same)."""
+    return [
+        {
+            **rows[0],
+            "cpu_ms_per_request": round(sum(r["cpu_ms_per_request"] for r in rows) / len(rows), 3),
+        }
+        for rows in zip(*runs, strict=True)
+    ]
+
+
+def run_mean(rows: list[dict]) -> float:
+    return sum(row["cpu_ms_per_request"] for row in rows) / len(rows)
+
+
 def main() -> int:
     args = parse_args()
     pin_self()
-    deadline = time.perf_counter() + TIME_LIMIT_S
-    results: dict[str, list] = {}
+    runs_per_tree = args.pairs if args.baseline_rev else 1
+    deadline = time.perf_counter() + TIME_LIMIT_S * runs_per_tree * (2 if args.baseline_rev else 1)
+    runs: dict[str, list[list[dict]]] = {"gateway": [], "baseline": []}
     with contextlib.ExitStack() as stack:
         mock, upstream = start_mock(first_ms=5, chunks=20, gap_ms=1)
         stack.callback(stop, mock)
-        results["gateway"] = run_turns(args, upstream, None, deadline)
+        base_root = None
         if args.baseline_rev:
-            root = stack.enter_context(git_worktree(args.baseline_rev))
-            results["baseline"] = run_turns(args, upstream, root, deadline)
-    rows = results["gateway"]
-    base = results.get("baseline")
+            base_root = stack.enter_context(git_worktree(args.baseline_rev))
+        for tree in interleaved(runs_per_tree) if base_root else ["gateway"]:
+            root = base_root if tree == "baseline" else None
+            runs[tree].append(run_turns(args, upstream, root, deadline))
+    rows = mean_rows(runs["gateway"])
+    base = mean_rows(runs["baseline"]) if runs["baseline"] else None
+    pairs = [
+        {"gateway": round(run_mean(new), 3), "baseline": round(run_mean(old), 3)}
+        for new, old in zip(runs["gateway"], runs["baseline"], strict=False)
+    ]
     print(f"{'turn':>4} {'requests':>8} {'body KB':>8} {'CPU ms/req':>10}", end="")
     print(f" {'baseline':>9} {'new/base':>8}" if base else "")
     for index, row in enumerate(rows):
@@ -221,6 +264,12 @@ def main() -> int:
     if base:
         print(
             f"baseline: --baseline-rev {args.baseline_rev} ({commit_of(ROOT)} is this tree's HEAD)"
+        )
+        ratios = sorted(pair["gateway"] / pair["baseline"] for pair in pairs)
+        print(
+            f"{len(pairs)} interleaved pair(s), mean CPU per request new/base: "
+            + " ".join(f"{ratio:.2f}" for ratio in ratios)
+            + f"; median {statistics.median(ratios):.2f}"
         )
     per_turn = [row["cpu_ms_per_request"] for row in rows]
     growth = per_turn[-1] / per_turn[0] if per_turn[0] > 0 else float("inf")
@@ -249,6 +298,7 @@ def main() -> int:
                     "subtracted, background work included",
                     "rows": rows,
                     "baseline_rows": base,
+                    "pairs": pairs,
                     "growth_last_over_first": round(growth, 3),
                     "checks": [{"name": n, "pass": ok, "detail": d} for n, ok, d in checks],
                 },
