@@ -508,9 +508,9 @@ def variants(args) -> list[Variant]:
 # Telemetry off also stops the prefix-break diagnostics and the shadow cache advisor, which
 # read and write its store.
 BREAKDOWN = {
-    "PA, no policies": {"FIRSTTOKEN_POLICIES": "none"},
-    "PA, no telemetry": {"FIRSTTOKEN_TELEMETRY": "false"},
-    "PA, neither": {"FIRSTTOKEN_POLICIES": "none", "FIRSTTOKEN_TELEMETRY": "false"},
+    "PA no policies": {"FIRSTTOKEN_POLICIES": "none"},
+    "PA no telemetry": {"FIRSTTOKEN_TELEMETRY": "false"},
+    "PA neither": {"FIRSTTOKEN_POLICIES": "none", "FIRSTTOKEN_TELEMETRY": "false"},
 }
 
 

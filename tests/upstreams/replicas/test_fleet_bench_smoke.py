@@ -90,7 +90,7 @@ def test_targets_judge_prefix_affinity_against_the_issue_and_sglang() -> None:
     healthy = {"replica_states": {"e0": "healthy", "e1": "healthy"}, "all_healthy": True}
     ours = Variant("prefix affinity", "gateway", "prefix_affinity")
     ours.result = _result(tenant_failures=healthy, cached_share=0.92)
-    switched_off = Variant("PA, no policies", "gateway", "prefix_affinity", {"X": "1"})
+    switched_off = Variant("PA no policies", "gateway", "prefix_affinity", {"X": "1"})
     switched_off.result = _result(router_cpu_s_per_1000=1.0)  # never the one judged
     sglang = Variant("sglang cache_aware", "sglang")
     sglang.result = _result(cached_share=0.935, ttft_p99_warm_ms=750.0)
@@ -118,3 +118,17 @@ def test_targets_judge_prefix_affinity_against_the_issue_and_sglang() -> None:
     assert judged["warm follow-ups moved <= 2"] is False
     assert judged["e0's share of new sessions <= 10%"] is False
     assert targets([switched_off, sglang]) == []  # no default prefix affinity run: nothing judged
+
+
+def test_only_selects_any_variant_by_its_name() -> None:
+    """`--only` splits on commas, so no variant's name may hold one."""
+    sys.path.insert(0, ROOT)
+    import argparse
+
+    from bench.fleet_http import variants
+
+    every = variants(argparse.Namespace(cpu_breakdown=True, only=""))
+    assert all("," not in variant.name for variant in every)
+    wanted = [every[-1].name, "bare Python relay"]
+    picked = variants(argparse.Namespace(cpu_breakdown=True, only=",".join(wanted)))
+    assert sorted(v.name for v in picked) == sorted(wanted)
