@@ -70,7 +70,8 @@ def _digest(data: str, size: int) -> str:
 # A family's key is asked for on every request of the family (and again by the cache advisor
 # for each shadow variant); what it is made of repeats, so it is kept by that: the texts' own
 # hashes (computed once per text object) replace masking and digesting the system prompt anew.
-_family_keys: BoundedLRU[str] = BoundedLRU(max_entries=10_000, max_weight=16_000_000)
+# Weighed by the characters its keys hold: the hot families' system prompts, about 4 MB at most.
+_family_keys: BoundedLRU[str] = BoundedLRU(max_entries=10_000, max_weight=4_000_000)
 
 
 def prefix_family_key(body: dict, tenant: str, model: str) -> str:

@@ -140,3 +140,37 @@ def test_anthropic_no_breakpoint_after_a_clock_in_the_system_prompt():
         body, ANTHROPIC, names=("canonicalize", "cache_hints"), CANONICALIZE_VOLATILE="true"
     )
     assert len(markers(moved.body)) == 4
+
+
+def test_a_kept_family_key_is_the_key_computed_afresh():
+    """The family key is kept by the texts it is made of: a kept key must be what hashing the
+    masked prompt again gives, and a changed prompt must not get the kept one."""
+    from policies import clear_caches
+    from policies.cache_hints import prefix_family_key
+
+    system = "You are the support agent. Today is 2026-12-06 10:00. " + "Be brief. " * 200
+    bodies = [
+        chat({"role": "system", "content": system}, {"role": "user", "content": "hi"}),
+        chat(
+            {"role": "system", "content": system.replace("10:00", "11:30")},
+            {"role": "user", "content": "x"},
+        ),
+        chat(
+            {"role": "system", "content": system + " Extra rule."},
+            {"role": "user", "content": "hi"},
+        ),
+        chat(
+            {"role": "system", "content": system},
+            {"role": "user", "content": "hi"},
+            tools=[tool("a")],
+        ),
+    ]
+    kept = [prefix_family_key(body, "t", "m") for body in bodies + bodies]
+    fresh = []
+    for body in bodies:
+        clear_caches()
+        fresh.append(prefix_family_key(body, "t", "m"))
+    assert kept == fresh + fresh
+    assert kept[0] == kept[1]  # a clock in the system prompt does not split the family
+    assert len({kept[0], kept[2], kept[3]}) == 3
+    assert prefix_family_key(bodies[0], "other tenant", "m") != kept[0]
