@@ -27,7 +27,13 @@ import orjson
 
 from policies.lru import BoundedLRU
 from policies.request import SYSTEM_ROLES, content_text, is_text_part, role_of
-from policies.tokens import count_json, count_message, count_prompt, count_tool
+from policies.tokens import (
+    count_json,
+    count_message,
+    count_prompt,
+    count_tool,
+    without_cache_marker,
+)
 from policies.volatile import is_volatile_note
 
 CHUNK_CHARS = 256
@@ -107,12 +113,6 @@ def _fingerprint(
     return BlockFingerprint(label, kind, digest, text_len, tokens, level, chunks)
 
 
-def _without_marker(obj: Any) -> Any:
-    if isinstance(obj, dict) and "cache_control" in obj:
-        return {key: value for key, value in obj.items() if key != "cache_control"}
-    return obj
-
-
 def _no_text(_: Any) -> str:
     return ""
 
@@ -122,12 +122,12 @@ def _message_text(message: Any) -> str:
 
 
 def _normalized_message(message: Any) -> Any:
-    message = _without_marker(message)
+    message = without_cache_marker(message)
     if not isinstance(message, dict):
         return message
     content = message.get("content")
     if isinstance(content, list):
-        parts = [_without_marker(part) for part in content]
+        parts = [without_cache_marker(part) for part in content]
         if len(parts) == 1 and is_text_part(parts[0]) and len(parts[0]) == 2:
             message = {**message, "content": parts[0]["text"]}
         else:
@@ -186,7 +186,7 @@ class PrefixFingerprints:
     def from_body(cls, body: dict) -> PrefixFingerprints:
         blocks: list[BlockFingerprint] = []
         for index, tool in enumerate(body.get("tools") or ()):
-            normalized = _without_marker(tool)
+            normalized = without_cache_marker(tool)
             blocks.append(
                 _fingerprint(f"tools[{index}]", "tools", normalized, _no_text, count_tool)
             )

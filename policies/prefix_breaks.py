@@ -176,15 +176,11 @@ def _conversation_break(entry: RecordedRequest, current: PrefixFingerprints) -> 
     return None
 
 
-def judge(entry: RecordedRequest, current: PrefixFingerprints) -> FamilyBreak:
-    """What ``current`` broke of one recorded request's shared prefix."""
-    diverged, stable = _common(entry.prints, current)
-    return _judged(entry, current, diverged, stable)
-
-
-def _judged(
+def _verdict(
     entry: RecordedRequest, current: PrefixFingerprints, diverged: int, stable: int
 ) -> FamilyBreak:
+    """What ``current`` broke of one recorded request's shared prefix, given how far it repeats
+    it (``_common``)."""
     if diverged >= len(entry.prints.blocks):
         return FamilyBreak((), entry.prints.total_tokens)
     found = []
@@ -222,7 +218,7 @@ def family_break(
         for entry, diverged, stable in measured:
             if stable != longest:
                 continue
-            verdict = _judged(entry, current, diverged, stable)
+            verdict = _verdict(entry, current, diverged, stable)
             if best is None or (verdict.breaks and not best.breaks):
                 best, matched_diverged = verdict, diverged
                 if verdict.breaks:

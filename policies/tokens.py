@@ -119,7 +119,7 @@ def count_content(content: Any) -> int:
             if is_text_part(part):
                 continue
             if isinstance(part, dict) and is_payload_part(part):
-                total += count_json(_without_cache_marker(part))
+                total += count_json(without_cache_marker(part))
             else:
                 total += TOKENS_PER_MEDIA_PART
     return total
@@ -141,10 +141,10 @@ def count_message(message: Any) -> int:
 
 
 def count_tool(tool: Any) -> int:
-    return count_json(_without_cache_marker(tool))
+    return count_json(without_cache_marker(tool))
 
 
-def _without_cache_marker(item: Any) -> Any:
+def without_cache_marker(item: Any) -> Any:
     """A cache marker is an instruction to the provider, not prompt text: it is not counted."""
     if isinstance(item, dict) and "cache_control" in item:
         return {key: value for key, value in item.items() if key != "cache_control"}
