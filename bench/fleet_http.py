@@ -444,7 +444,7 @@ def _names(args) -> list[str]:
     return [f"e{i}" for i in range(args.replicas)]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -471,7 +471,7 @@ def parse_args() -> argparse.Namespace:
         "(its CPU figure then includes those reads)",
     )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}
     full = {"seconds": 55.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}
     for key, value in (quick if args.quick else full).items():
