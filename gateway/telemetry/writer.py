@@ -338,8 +338,12 @@ class BatchWriter:
 
     @staticmethod
     async def _sleep_unless_stopped(event: asyncio.Event, timeout_s: float) -> None:
+        # A timeout scope, not `wait_for`: on Python 3.11 that wraps the wait in a task of its
+        # own, two more steps and a task for every sleep of a writer that sleeps ten times a
+        # second.
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         except TimeoutError:
             pass
 
