@@ -31,7 +31,7 @@ NOTE_MARKER = "[firsttoken: current values]"
 
 # One word boundary, then only where a value can start (a digit, a hex digit, a month's initial):
 # the same matches as trying each kind behind its own \b, three times faster on prose.
-_VOLATILE = re.compile(
+_VOLATILE_SOURCE = (
     r"\b(?=[\dA-Fa-fJMASOND])(?:"
     r"(?P<time>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
     r"|(?P<id>[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
@@ -41,6 +41,12 @@ _VOLATILE = re.compile(
     r"|(?P<hex>[0-9a-fA-F]{12,}\b)"
     r")"
 )
+_VOLATILE = re.compile(_VOLATILE_SOURCE)
+# The same pattern for a text that is all ASCII, where \b, \d and \w mean what they mean in
+# Unicode, so the matches are the same; the engine then tests characters against its ASCII
+# tables instead of Unicode's, 2-3x faster. A new system prompt is scanned before its request
+# goes upstream (its family key masks these values), so this is time to the first token.
+_VOLATILE_ASCII = re.compile(_VOLATILE_SOURCE, re.ASCII)
 # A long text is searched in pieces, each cut right after a character that no value can
 # contain, whatever surrounds it (the values' own shapes say so), searched with the real text
 # before it in view: a character outside the values' alphabet; a space that a value neither
@@ -92,11 +98,12 @@ def find_volatile(text: str) -> tuple[Match, ...]:
 
 
 def _matches(text: str) -> Iterator[re.Match[str]]:
+    pattern = _VOLATILE_ASCII if text.isascii() else _VOLATILE
     if not textscan.is_long(text):
-        yield from _VOLATILE.finditer(text)
+        yield from pattern.finditer(text)
         return
     for start, end in textscan.spans(text, _CUT):
-        yield from _VOLATILE.finditer(text, start, end)
+        yield from pattern.finditer(text, start, end)
 
 
 def has_volatile(text: str) -> bool:

@@ -117,6 +117,7 @@ VOLATILE = built_from(
         "\n",
         "_",
         "\u0663",
+        "\u00e9",  # a word character outside ASCII: no boundary before a value after it
         "2024-01-05",
         "10:00:01",
         "-05:00",
@@ -228,6 +229,7 @@ def test_fence_split_in_line_chunks_matches_the_old_split(text, size):
 def test_volatile_values_whole_and_in_pieces_match_the_old_regex(text, size):
     expected = ref.volatile_matches(text)
     assert spans(volatile._VOLATILE.finditer(text)) == expected
+    assert spans(volatile._matches(text)) == expected  # the ASCII pattern where text is ASCII
     with tiny_pieces(size):
         assert spans(volatile._matches(text)) == expected
 
@@ -295,3 +297,11 @@ def test_long_texts_take_the_piecewise_path_with_the_same_result():
 def test_minify_leaves_json_nested_past_the_parser_limit_alone():
     deep = "[" * 100_000 + "]" * 100_000
     assert slim.minify_json_text(deep) == deep
+
+
+def test_a_word_character_outside_ascii_still_hides_a_value_behind_it():
+    """An ASCII text is scanned with the ASCII pattern; any other keeps Unicode's word
+    boundaries, where "é" is a letter: no value starts right after it."""
+    assert [m.group(0) for m in volatile._matches("at 2024-01-05 x")] == ["2024-01-05"]
+    assert list(volatile._matches("\u00e92024-01-05 x")) == []
+    assert [m.group(0) for m in volatile._matches("\u20142024-01-05 x")] == ["2024-01-05"]
