@@ -58,7 +58,8 @@ def slim_prose(text: str) -> str:
     if textscan.is_long(text):
         return _slim_long(text)
     # Invisibles go first: removing one can leave a trailing space or a blank line behind.
-    if _INVISIBLE.search(text):
+    # (They are outside ASCII: an ASCII text, which `isascii` tells without a scan, has none.)
+    if not text.isascii() and _INVISIBLE.search(text):
         text = _INVISIBLE.sub("", text)
     if _has_trailing_space(text):
         text = _TRAILING_SPACE.sub("", text)
@@ -68,7 +69,7 @@ def slim_prose(text: str) -> str:
 
 
 def _slim_long(text: str) -> str:
-    if textscan.search(_INVISIBLE, text) is not None:
+    if not text.isascii() and textscan.search(_INVISIBLE, text) is not None:
         size = textscan.piece_size()
         text = "".join(
             _INVISIBLE.sub("", text[low : low + size]) for low in range(0, len(text), size)
