@@ -124,7 +124,7 @@ def task_factory(ledger: Ledger) -> Callable[..., asyncio.Task]:
     qualified name]` (asyncio's pure-Python Task, the one whose step can be wrapped)."""
     step_of = asyncio.tasks._PyTask._Task__step  # type: ignore[attr-defined]
 
-    class ClockedTask(asyncio.tasks._PyTask):  # type: ignore[name-defined,misc]
+    class ClockedTask(asyncio.tasks._PyTask):  # type: ignore[name-defined]
         def _Task__step(self, *args: Any) -> None:
             started = time.thread_time()
             try:
@@ -135,11 +135,9 @@ def task_factory(ledger: Ledger) -> Callable[..., asyncio.Task]:
                 entry[1] += time.thread_time() - started
 
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+        task = ClockedTask(coro, loop=loop, **kwargs)  # its first step is only scheduled here
         name = "task:" + getattr(coro, "__qualname__", type(coro).__name__)
-        entry = ledger.setdefault(name, [0, 0.0])
-        task = ClockedTask.__new__(ClockedTask)
-        task._probe_entry = entry  # before __init__, which schedules the first step
-        task.__init__(coro, loop=loop, **kwargs)
+        task._probe_entry = ledger.setdefault(name, [0, 0.0])
         return task
 
     return factory
