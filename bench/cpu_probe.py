@@ -167,7 +167,7 @@ def install(path: str, tasks: bool = False) -> None:
     def snapshots() -> None:
         while True:
             time.sleep(SNAPSHOT_S)
-            line = {name: list(entry) for name, entry in ledger.items()}
+            line: dict[str, Any] = {name: list(entry) for name, entry in ledger.items()}
             line["_process_cpu_s"] = time.process_time()
             with open(path, "a") as out:
                 out.write(json.dumps(line) + "\n")
