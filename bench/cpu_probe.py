@@ -223,12 +223,9 @@ def run(args: argparse.Namespace) -> dict:
     from bench import fleet_http
     from bench.harness import stop
 
-    fleet_args = fleet_http.parse_args(["--quick"] if args.quick else [])
+    # fleet_http's own list of variants, its --cpu-breakdown settings included
+    fleet_args = fleet_http.parse_args(["--cpu-breakdown", *(["--quick"] if args.quick else [])])
     chosen = [v for v in fleet_http.variants(fleet_args) if v.kind == "gateway"]
-    chosen += [
-        fleet_http.Variant(name, "gateway", "prefix_affinity", env)
-        for name, env in fleet_http.BREAKDOWN.items()
-    ]
     variant = next((v for v in chosen if args.variant in (v.name, v.balance)), None)
     if variant is None:
         raise SystemExit(f"no gateway variant {args.variant!r}: {[v.name for v in chosen]}")
