@@ -95,24 +95,35 @@ class Engine:
             self.waiting -= 1
         self.running += 1
         try:
-            return await self._answer(request, words, system_words)
+            return await self._answer(request, words, system_words, _answer_shape(body))
         finally:
             self.running -= 1
             self.slots.release()
 
     async def _answer(
-        self, request: web.Request, words: list[str], system_words: int
+        self,
+        request: web.Request,
+        words: list[str],
+        system_words: int,
+        shape: tuple[bool, int],
     ) -> web.StreamResponse:
         blocks = self._blocks(words)
         self.held_blocks += len(blocks)
         try:
-            return await self._stream(request, words, blocks, system_words)
+            return await self._stream(request, words, blocks, system_words, *shape)
         finally:
             self.held_blocks -= len(blocks)
 
     async def _stream(
-        self, request: web.Request, words: list[str], blocks: list[int], system_words: int
+        self,
+        request: web.Request,
+        words: list[str],
+        blocks: list[int],
+        system_words: int,
+        stream: bool = True,
+        chunks: int | None = None,
     ) -> web.StreamResponse:
+        chunks = self.chunks if chunks is None else min(self.chunks, chunks)
         cached = self._lookup(blocks) * BLOCK_TOKENS
         self.stats["uncached_system_tokens"] += max(0, system_words - cached)
         self.stats["requests"] += 1
@@ -121,19 +132,23 @@ class Engine:
         delay_ms = self.base_ms + self.extra_ms + self.per_token_ms * (len(words) - cached)
         await asyncio.sleep(delay_ms / 1000)
         self._insert(blocks)
+        usage = {
+            "prompt_tokens": len(words),
+            "completion_tokens": chunks,
+            "total_tokens": len(words) + chunks,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        created = int(time.time())
+        if not stream:
+            await asyncio.sleep(self.gap_s * max(0, chunks - 1))
+            text = " ".join([self.name, *(f"tok{i}" for i in range(1, chunks))][:chunks])
+            return web.json_response(_completion(created, text, usage))
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        created = int(time.time())
-        for i in range(self.chunks):
+        for i in range(chunks):
             content = f"{self.name} " if i == 0 else f"tok{i} "
             await resp.write(_chunk(created, {"content": content}, None))
             await asyncio.sleep(self.gap_s)
-        usage = {
-            "prompt_tokens": len(words),
-            "completion_tokens": self.chunks,
-            "total_tokens": len(words) + self.chunks,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
         await resp.write(_chunk(created, {}, "stop", usage))
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -180,6 +195,31 @@ def _chunk(created: int, delta: dict, finish: str | None, usage: dict | None = N
     if usage is not None:
         event["usage"] = usage
     return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def _completion(created: int, text: str, usage: dict) -> dict:
+    return {
+        "id": "chatcmpl-fleet",
+        "object": "chat.completion",
+        "created": created,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": usage,
+    }
+
+
+def _answer_shape(body: dict) -> tuple[bool, int | None]:
+    """Whether to stream, and how many tokens to answer (`max_tokens`, as vLLM honours it;
+    None: the engine's `--chunks`)."""
+    limit = body.get("max_tokens")
+    tokens = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return body.get("stream", False) is not False, tokens
 
 
 def _error(status: int, message: str) -> web.Response:

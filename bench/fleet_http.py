@@ -341,6 +341,7 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
+        hand_overs = hand_overs_of(url) if variant.kind == "gateway" else None
         failures = (
             tenant_failures(url)
             if variant.balance == "prefix_affinity" and not variant.env
@@ -354,7 +355,14 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
     result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
     result["costs_after_slowdown"] = costs
+    result["hand_overs"] = hand_overs
     return result
+
+
+def hand_overs_of(chat_url: str) -> dict | None:
+    """The prefixes the gateway handed over from the slow replica (`sent`, `failed`)."""
+    view = get_json(chat_url.rsplit("/v1/", 1)[0] + "/v1/metrics/ttft")
+    return view["replicas"]["fleet"].get("hand_overs")
 
 
 def engines_per_tenant(turns: list[Turn], args) -> dict:

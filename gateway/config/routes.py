@@ -103,6 +103,10 @@ class Route(BaseModel):
     # hedged first token: ms without a first token before a second replica is asked
     hedge_after_ms: float | Literal["p95"] | None = None
     hedge_max_ratio: float = Field(default=0.1, ge=0, le=1)
+    # a slow replica's warm conversations hand their shared prefix to the replica the tenant's
+    # next conversation will take (gateway/upstreams/replicas/hand_over.py); None: on where
+    # load_metrics is set (servers of one's own, where a prefill costs no bill)
+    prefix_hand_over: bool | None = None
     # openai only: prefill and decode servers (vLLM P/D pools, `firsttoken engine --role`)
     pd: PDPools | None = None
     # vertex only: the Google Cloud project
@@ -131,6 +135,8 @@ class Route(BaseModel):
                 f"route {self.name!r}: base_url must be an http:// or https:// URL with a host, "
                 f"got {_shown_url(self.base_url)}"
             )
+        if self.prefix_hand_over and not self.replicas:
+            raise ValueError(f"route {self.name!r}: prefix_hand_over applies to replicas only")
         if isinstance(self.hedge_after_ms, float | int) and self.hedge_after_ms <= 0:
             raise ValueError(f"route {self.name!r}: hedge_after_ms must be > 0 or 'p95'")
         if self.passthrough:
@@ -150,6 +156,13 @@ class Route(BaseModel):
                     f"known: {', '.join(sorted(FAMILIES))}"
                 )
         return self
+
+    @property
+    def hands_over_prefixes(self) -> bool:
+        """Whether a slow replica's warm conversations hand their prefix over (see the field)."""
+        if self.prefix_hand_over is not None:
+            return self.prefix_hand_over and self.balance == "prefix_affinity"
+        return self.load_metrics is not None and self.balance == "prefix_affinity"
 
     def _check_google(self) -> None:
         """A vertex route names its project and region, each a plain URL segment; no other

@@ -40,7 +40,9 @@ Modes (`BalanceOptions.mode`):
   one. A new conversation pays r's excess on every turn it will have (a slow replica stays
   slow) but its wait once (a queue drains), against one recompute of its shared prefix
   elsewhere: a replica that became slow stops getting new conversations at once, while its
-  warm ones stay until it actually queues.
+  warm ones stay until it actually queues. Each tenant's next conversation elsewhere would
+  recompute its shared prefix there; `hand_over_target` names where a warm conversation's
+  request may send that prefix first (`gateway.upstreams.replicas.hand_over`).
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
   noisy answers must not scatter a conversation over equal costs), then to the one sent that
   prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
@@ -142,6 +144,7 @@ class Choice:
     uncached_tokens: float = 0.0  # the picked replica's, as estimated when choosing
     free_slot: bool = True  # the picked replica had a slot free when chosen
     conversation: int | None = None  # `conversation_key` of the request, when known
+    slow: bool = False  # the picked replica was measured slower than the fastest (excess > 0)
 
 
 class Balancer:
@@ -273,9 +276,28 @@ class Balancer:
                 key=lambda r: (self.relative_load(r), r.name),
             )
             if least is not picked and self._too_uneven(picked, least):
-                return self._choice(least, blocks, chars, "load")
+                choice = self._choice(least, blocks, chars, "load")
+                choice.slow = excess_of[least.name] > 0
+                return choice
         reason = "affinity" if picked_matched else "least_loaded"
-        return self._choice(picked, blocks, chars, reason, picked_matched)
+        choice = self._choice(picked, blocks, chars, reason, picked_matched)
+        choice.slow = excess_of[picked.name] > 0
+        return choice
+
+    def hand_over_target(
+        self, origin: ReplicaState, blocks: list[bytes], chars: int, now: float
+    ) -> ReplicaState | None:
+        """The replica to hand a shared prefix (`blocks`, `chars` long) over to from `origin`:
+        where a new conversation opening with it would go now, when that is another replica
+        holding less than half of it, with a slot free (the prefill must not queue behind
+        clients' requests). None: no hand-over. Changes nothing (no turn is counted)."""
+        healthy = [r for r in self.replicas if r.health.healthy(now)]
+        if self.options.mode != "prefix_affinity" or len(healthy) < 2 or not blocks:
+            return None
+        target = self._affinity(healthy, blocks, chars, first_turn=True).replica
+        if target is origin or 2 * target.index.matched(blocks) >= len(blocks):
+            return None
+        return target if self.wait_ms(target) == 0 else None
 
     @staticmethod
     def _home(

@@ -6,7 +6,8 @@ that fails with a 5xx, a timeout or a broken connection ejects its replica for a
 grows while it keeps failing (the proxy's retry then goes to another); a periodic probe brings
 an ejected replica back. With `hedge_after_ms`, a stream whose first token has not come in time
 is sent to the next-best replica too, and whichever produces a first token first is streamed;
-the other is closed at once.
+the other is closed at once. A request that goes to a replica measured slow may hand its shared
+prefix over to where its tenant's next conversation will go (`hand_over`).
 
 The proxy sees one upstream: retries, fallbacks, keepalives and telemetry work as for any route.
 """
@@ -14,6 +15,7 @@ The proxy sees one upstream: retries, fallbacks, keepalives and telemetry work a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +30,7 @@ from gateway.upstreams.base import (
     UpstreamBody,
 )
 from gateway.upstreams.replicas.balancer import Choice
+from gateway.upstreams.replicas.hand_over import PrefixHandOver
 from gateway.upstreams.replicas.hedging import HedgeBudget, TtftTracker
 from gateway.upstreams.replicas.pool import (
     PROBE_LIMIT_BYTES,
@@ -87,6 +90,11 @@ class ReplicatedUpstream:
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.chains = BlockChains()  # a conversation's next turn hashes only what is new
+        self.hand_over = (
+            PrefixHandOver(self.pool, route.name)
+            if route.hands_over_prefixes and len(self.members) > 1
+            else None
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -97,6 +105,8 @@ class ReplicatedUpstream:
         await self.pool.warm_up()
 
     async def aclose(self) -> None:
+        if self.hand_over is not None:
+            await self.hand_over.aclose()
         await self.pool.aclose()
 
     # -- what the proxy calls ---------------------------------------------------------------
@@ -161,6 +171,10 @@ class ReplicatedUpstream:
         choice = self.pool.choose(
             blocks, prompt_chars=len(text), first_turn=first_turn, conversation=conversation
         )
+        if choice.slow and self.hand_over is not None:
+            self.hand_over.consider(
+                body, ctx, choice.replica, blocks, time.monotonic(), self.placements
+            )
         return blocks, choice
 
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
@@ -256,12 +270,15 @@ class ReplicatedUpstream:
 
     def snapshot(self) -> dict[str, Any]:
         replicas = self.pool.rows(time.monotonic())
-        return {
+        snapshot = {
             "balance": self.route.balance,
             "replicas": replicas,
             "hedges": dict(self.hedges),
             "cost": self.balancer.costs(),
         }
+        if self.hand_over is not None:
+            snapshot["hand_overs"] = dataclasses.asdict(self.hand_over.counts)
+        return snapshot
 
 
 class TrackedStream(MemberStream):

@@ -22,6 +22,7 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     result = variants["prefix affinity"]
     assert result["requests"] > 0 and result["errors"] == 0
     assert 0.0 < result["cached_share"] <= 1.0
+    assert result["hand_overs"]["failed"] == 0  # the engines answer a one-token completion
     assert sum(result["served"].values()) == result["requests"]
     failures = result["tenant_failures"]
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
@@ -132,3 +133,43 @@ def test_only_selects_any_variant_by_its_name() -> None:
     wanted = [every[-1].name, "bare Python relay"]
     picked = variants(argparse.Namespace(cpu_breakdown=True, only=",".join(wanted)))
     assert sorted(v.name for v in picked) == sorted(wanted)
+
+
+def test_the_fleet_engine_honours_stream_and_max_tokens() -> None:
+    sys.path.insert(0, ROOT)
+    import httpx
+
+    from bench.harness import free_port, stop, wait_http
+
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.fleet_engine", "--port", str(port), "--name", "e7"]
+    argv += ["--gap-ms", "1", "--base-ms", "1"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        wait_http(base + "/models", proc=proc)
+        system = {"role": "system", "content": "w " * 64}
+        messages = [system, {"role": "user", "content": "hello"}]
+        answer = httpx.post(
+            base + "/chat/completions",
+            json={"model": "m", "messages": messages, "max_tokens": 1, "stream": False},
+            timeout=10,
+        ).json()
+        assert answer["choices"][0]["message"]["content"] == "e7"
+        assert answer["usage"]["completion_tokens"] == 1
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # the prefix is cached now; a stream answers at most max_tokens chunks
+        body = {"model": "m", "messages": messages, "max_tokens": 3, "stream": True}
+        events = [
+            line
+            for line in httpx.post(base + "/chat/completions", json=body, timeout=10).text.split(
+                "\n"
+            )
+            if line.startswith("data: {")
+        ]
+        chunks = [json.loads(line[6:]) for line in events]
+        contents = [c["choices"][0]["delta"].get("content") for c in chunks]
+        assert contents == ["e7 ", "tok1 ", "tok2 ", None]
+        assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+    finally:
+        stop(proc)
