@@ -289,15 +289,15 @@ class Balancer:
     ) -> ReplicaState | None:
         """The replica to hand a shared prefix (`blocks`, `chars` long) over to from `origin`:
         where a new conversation opening with it would go now, when that is another replica
-        holding less than half of it, with a slot free (the prefill must not queue behind
-        clients' requests). None: no hand-over. Changes nothing (no turn is counted)."""
+        holding less than half of it. None: no hand-over. Changes nothing (no turn is
+        counted)."""
         healthy = [r for r in self.replicas if r.health.healthy(now)]
         if self.options.mode != "prefix_affinity" or len(healthy) < 2 or not blocks:
             return None
         target = self._affinity(healthy, blocks, chars, first_turn=True).replica
         if target is origin or 2 * target.index.matched(blocks) >= len(blocks):
             return None
-        return target if self.wait_ms(target) == 0 else None
+        return target
 
     @staticmethod
     def _home(

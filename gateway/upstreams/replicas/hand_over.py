@@ -13,19 +13,25 @@ a free slot before the tenant's next conversation comes, instead of in its first
 
 Bounded: only a prefix of at least `MIN_BLOCKS` blocks (a shorter one recomputes in a few
 milliseconds), only to a replica with a slot free that holds less than half of it, at most
-`MAX_IN_FLIGHT` hand-overs at once per route; the target's prefix index holds the prefix from
-the moment it is sent, so each is sent once. A hand-over is not a client's request: it has no
-telemetry record, and its answer gives the balancer no first-token or slot-time sample (a
-one-token answer would make the target look fast); a failure counts against the target as
-any request's would. The body is the request's own leading system (or developer) messages,
-its tools and its first user message (some chat templates refuse a prompt without one),
-sent to the same route's replica the tenant's requests go to anyway.
+`PER_TARGET` hand-overs at once to each replica (a replica spends at most that many slots on
+them); the target's prefix index holds the prefix from the moment it is sent, so each is sent
+once (again only if the target has since evicted it). A hand-over is not a client's request:
+it has no telemetry record, and its answer gives the balancer no first-token or slot-time
+sample (a one-token answer would make the target look fast); a failure counts against the
+target as any request's would. The body is the request's own leading system (or developer)
+messages, its tools and its first user message (some chat templates refuse a prompt without
+one), sent to a replica of the route the tenant's requests go to anyway.
+
+What it cannot cover: a tenant with no conversation going on at the slow replica once it reads
+as slow (nothing carries its prefix), and a prefix the target evicts before the tenant's next
+conversation comes (a cache smaller than the working set).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("firsttoken.replicas")
 
 MIN_BLOCKS = 4  # 1 KiB of prompt, ~256 tokens
-MAX_IN_FLIGHT = 2
+PER_TARGET = 1
 TIMEOUT_S = 60.0
 LEADING_ROLES = frozenset({"system", "developer"})
 
@@ -81,6 +87,10 @@ def shared_prefix(body: UpstreamBody) -> tuple[dict[str, Any], int] | None:
 class HandOverCounts:
     sent: int = 0
     failed: int = 0
+    # due but not sent: the target had no slot free (the prefill must not queue behind
+    # clients' requests), or `PER_TARGET` were under way to it; a later request may send it
+    deferred_busy: int = 0
+    deferred_limit: int = 0
 
 
 class PrefixHandOver:
@@ -92,6 +102,7 @@ class PrefixHandOver:
         self.route_name = route_name
         self.counts = HandOverCounts()
         self._tasks: set[asyncio.Task] = set()
+        self._to: dict[str, int] = {}  # hand-overs under way, by target
 
     def consider(
         self,
@@ -104,7 +115,7 @@ class PrefixHandOver:
     ) -> None:
         """Hand the shared prefix of `body` (whose prompt hashed to `blocks`, going to the slow
         `origin`) over to where its tenant's next conversation would go, if anywhere."""
-        if len(self._tasks) >= MAX_IN_FLIGHT or ctx.endpoint != "chat":
+        if ctx.endpoint != "chat":
             return
         found = shared_prefix(body)
         if found is None:
@@ -113,8 +124,15 @@ class PrefixHandOver:
         prefix = blocks[: prefix_chars // BLOCK_CHARS]
         if len(prefix) < MIN_BLOCKS:
             return
-        target = self.pool.balancer.hand_over_target(origin, prefix, prefix_chars, now)
+        balancer = self.pool.balancer
+        target = balancer.hand_over_target(origin, prefix, prefix_chars, now)
         if target is None:
+            return
+        if balancer.wait_ms(target) > 0:
+            self.counts.deferred_busy += 1
+            return
+        if self._to.get(target.name, 0) >= PER_TARGET:
+            self.counts.deferred_limit += 1
             return
         choice = Choice(target, target.index.matched(prefix), len(prefix), "hand_over")
         member = self.pool.sent(choice, prefix, placements)
@@ -129,26 +147,38 @@ class PrefixHandOver:
         call_ctx = dataclasses.replace(ctx, request_id=f"{ctx.request_id}.hand-over", hedged=False)
         task = asyncio.ensure_future(self._send(member, hand_over, call_ctx))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._to[target.name] = self._to.get(target.name, 0) + 1
+        task.add_done_callback(functools.partial(self._done, member, ctx.tenant))
 
-    async def _send(self, member: Any, body: UpstreamBody, ctx: CallContext) -> None:
-        failure: BaseException | None = None
+    async def _send(
+        self, member: Any, body: UpstreamBody, ctx: CallContext
+    ) -> BaseException | None:
+        """The hand-over's failure, if it failed (its accounting is `_done`'s)."""
         try:
             async with asyncio.timeout(TIMEOUT_S):
                 await member.upstream.complete(body, ctx)
-        except asyncio.CancelledError:
-            self.pool.balancer.done(member.state)
-            raise
-        except Exception as exc:  # noqa: BLE001  # judged as any request's failure, below
-            failure = exc
-            self.counts.failed += 1
+        except Exception as exc:  # noqa: BLE001  # judged as any request's failure, in _done
             log.info(
                 "route %s: hand-over to %s failed: %s",
                 self.route_name,
                 member.state.name,
                 type(exc).__name__,
             )
-        self.pool.ended(member, failure, ctx.tenant)
+            return exc
+        return None
+
+    def _done(self, member: Any, tenant: str, task: asyncio.Task) -> None:
+        """Free the target's slot however the hand-over ended (a task cancelled before its
+        first step never ran `_send` at all) and judge the target as for any request."""
+        self._tasks.discard(task)
+        self._to[member.state.name] -= 1
+        if task.cancelled():
+            self.pool.balancer.done(member.state)
+            return
+        failure = task.result()
+        if failure is not None:
+            self.counts.failed += 1
+        self.pool.ended(member, failure, tenant)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):

@@ -3,15 +3,18 @@ to the replica the tenant's next conversation will take."""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import ExitStack
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
 from bench.mock_openai import MockUpstream, ThreadedServer
 from gateway.config.routes import Route
+from gateway.upstreams.base import CallContext
 from gateway.upstreams.replicas.balancer import BalanceOptions, Balancer, Choice, ReplicaState
-from gateway.upstreams.replicas.hand_over import shared_prefix
+from gateway.upstreams.replicas.hand_over import PER_TARGET, PrefixHandOver, shared_prefix
 from gateway.upstreams.replicas.latency import FIXED_SAMPLES
 from gateway.upstreams.replicas.prefix_index import PrefixIndex, prefix_blocks, prompt_text
 from tests.support.clients import sdk_client
@@ -55,12 +58,9 @@ def test_the_prefix_goes_where_the_next_conversation_would() -> None:
     turns = b.latency.turns_per_session
     assert b.hand_over_target(slow, PROMPT, 4096, 0.0) is fast
     assert b.latency.turns_per_session == turns  # considering counts no turn
-    # not once the target holds half of it, nor while it has no slot free
+    # not once the target holds half of it
     fast.index.add(PROMPT[:8])
     assert b.hand_over_target(slow, PROMPT, 4096, 0.0) is None
-    other, slow2, fast2 = slowed_fleet()
-    fast2.in_flight = 8
-    assert other.hand_over_target(slow2, PROMPT, 4096, 0.0) is None
 
 
 def test_no_hand_over_from_a_replica_that_is_not_slow() -> None:
@@ -165,8 +165,80 @@ def test_a_slow_replicas_warm_conversation_hands_its_prefix_over_once(make_gatew
             {"model": "m", "messages": opened["messages"], "max_tokens": 1, "stream": False}
         ]
         assert opened["messages"][1] == first
-        assert eventually(lambda: fleet(gw)["hand_overs"] == {"sent": 1, "failed": 0})
+        counts = {"sent": 1, "failed": 0, "deferred_busy": 0, "deferred_limit": 0}
+        assert eventually(lambda: fleet(gw)["hand_overs"] == counts)
         # the tenant's next conversation goes to the new home, which holds its prefix
         again = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "new"}]
         list(client.chat.completions.create(model="m", messages=again, stream=True))
         assert chat_posts(other) == 2 and chat_posts(home) == 4
+
+
+class FakePool:
+    """What `PrefixHandOver` uses of a pool: its balancer, `sent` and `ended`; each member's
+    upstream answers a completion once `release` is set."""
+
+    def __init__(self, balancer: Balancer) -> None:
+        self.balancer = balancer
+        self.release = asyncio.Event()
+        self.bodies: list[dict] = []
+        self.ended_with: list[BaseException | None] = []
+        self.members = {
+            r.name: SimpleNamespace(state=r, upstream=SimpleNamespace(complete=self._complete))
+            for r in balancer.replicas
+        }
+
+    async def _complete(self, body: dict, ctx: CallContext) -> None:
+        self.bodies.append(body)
+        await self.release.wait()
+
+    def sent(self, choice: Choice, blocks: list[bytes], placements: object) -> SimpleNamespace:
+        self.balancer.sent(choice, blocks)
+        return self.members[choice.replica.name]
+
+    def ended(self, member: SimpleNamespace, failure: BaseException | None, tenant: str) -> None:
+        self.balancer.done(member.state)
+        self.ended_with.append(failure)
+
+
+def tenant_request(n: int) -> tuple[dict, list[bytes]]:
+    system = {"role": "system", "content": f"Tenant {n}. " + "Rules of the house. " * 60}
+    body = {"model": "m", "messages": [system, {"role": "user", "content": "hi"}]}
+    return body, prefix_blocks(prompt_text(body))
+
+
+def test_a_hand_over_waits_for_a_free_slot_and_keeps_to_its_limit() -> None:
+    async def scenario() -> None:
+        b, slow, fast = slowed_fleet()
+        pool = FakePool(b)
+        hand_over = PrefixHandOver(pool, "fleet")  # type: ignore[arg-type]
+        ctx = CallContext("chat", "t", "m", "req-1")
+        requests = [tenant_request(n) for n in range(PER_TARGET + 2)]
+        for _, blocks in requests:
+            slow.index.add(blocks)
+        fast.in_flight = 8  # no slot free: the prefill would queue behind clients' requests
+        body, blocks = requests[0]
+        hand_over.consider(body, ctx, slow, blocks, 0.0)
+        assert hand_over.counts.deferred_busy == 1 and not pool.bodies
+        fast.in_flight = 0
+        for body, blocks in requests:
+            hand_over.consider(body, ctx, slow, blocks, 0.0)
+        await asyncio.sleep(0)
+        assert hand_over.counts.sent == PER_TARGET and len(pool.bodies) == PER_TARGET
+        assert hand_over.counts.deferred_limit == 2
+        assert fast.in_flight == PER_TARGET  # each holds a slot while it runs
+        assert pool.bodies[0]["max_tokens"] == 1 and pool.bodies[0]["stream"] is False
+        # the target holds each prefix sent: it is not sent again
+        hand_over.consider(*requests[0][:1], ctx, slow, requests[0][1], 0.0)
+        assert hand_over.counts.sent == PER_TARGET and hand_over.counts.deferred_limit == 2
+        pool.release.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert pool.ended_with == [None] * PER_TARGET and fast.in_flight == 0
+        # room again: a deferred prefix goes with the next request that carries it; one
+        # cancelled before it ran (the route closing) still gives its slot back
+        body, blocks = requests[-1]
+        hand_over.consider(body, ctx, slow, blocks, 0.0)
+        await hand_over.aclose()
+        assert hand_over.counts.sent == PER_TARGET + 1 and fast.in_flight == 0
+
+    asyncio.run(scenario())
