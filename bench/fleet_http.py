@@ -2,7 +2,7 @@
 front of the same prefix-caching engines under the same seeded workload.
 
     python bench/fleet_http.py [--quick] [--seconds 90] [--replicas 4] [--rate 3.0] [--seed 7]
-                               [--only NAMES] [--cpu-breakdown]
+                               [--only NAMES] [--cpu-breakdown] [--hand-over-ab N]
 
 Engines: `bench/fleet_engine.py`, one process each (16-token block chains, an LRU smaller than
 the working set, `--slots` at once and a queue, TTFT = 20 ms + 0.25 ms per uncached token,
@@ -20,8 +20,9 @@ for the CPU figure of any Python router on this machine), then sglang-router `ca
 Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99
 after warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of
 sequential short requests through the router minus straight to an engine); TTFT p99 after the
-slowdown; e0's share of conversations that began in the 20 s after it; follow-up turns after
-the slowdown served by another replica than their previous turn; router CPU per 1,000
+slowdown, and the mean first turn of the conversations that began after it; e0's share of
+conversations that began in the 20 s after it; follow-up turns after the slowdown served by
+another replica than their previous turn; router CPU per 1,000
 requests (user and system time of its process tree over the workload, idle time included) and
 while idle (read for 3 s before the workload, 1 s with `--quick`). After the prefix affinity
 run, one tenant sends 12 requests that fail (400s, 500s its own bodies cause) and `/readyz`
@@ -30,6 +31,9 @@ times after the others, with settings that switch parts of the gateway off
 (`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which also stops the prefix-break
 diagnostics and the shadow cache advisor; both): what is left with both off is the request path
 itself (admission, the choice of a replica, the relay), to set beside the bare relay's figure.
+With `--hand-over-ab N`, only prefix affinity runs, N times with prefix hand-over (the default
+with `load_metrics`) and N times without, in turn: what handing a slow replica's prefixes over
+does to the first turns after the slowdown and to the cached share, in one invocation.
 Writes
 bench/results/fleet_http.json, with what explains the figures: the cached share before and
 after the slowdown per engine (and the part lost to system prompts recomputed), how many
@@ -244,6 +248,7 @@ class Variant:
     balance: str = ""
     env: dict[str, str] = field(default_factory=dict)  # gateway settings beside the route
     result: dict = field(default_factory=dict)
+    route: dict = field(default_factory=dict)  # route fields over the bench's own
 
 
 def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
@@ -275,6 +280,7 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
             "affinity_index_bytes": max(
                 64 * 1024, args.cache_blocks * 16 * 6 // BLOCK_CHARS * ENTRY_BYTES
             ),
+            **variant.route,
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode(), **variant.env}
         proc, base, _ = start_gateway(engines[0] + "/v1", env)
@@ -433,6 +439,10 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "ttft_p50_warm_ms": percentile(steady, 0.5),
         "added_ttft_low_load_ms": routed - direct,
         "ttft_p99_after_slowdown_ms": percentile(after, 0.99),
+        # new conversations after the slowdown: where a moved tenant recomputes its prefix
+        "ttft_mean_first_turns_after_slowdown_ms": _mean(
+            [t.ttft_ms for t in ok if t.index == 0 and slow <= t.started < args.seconds]
+        ),
         "slow_share_of_new_sessions": (
             sum(1 for t in new if t.engine == "e0") / len(new) if new else float("nan")
         ),
@@ -446,6 +456,10 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
             :12
         ],  # ttft, on, was on, turn
     }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 def _names(args) -> list[str]:
@@ -471,6 +485,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cpu-breakdown",
         action="store_true",
         help="also run prefix affinity with policies, telemetry, or both switched off",
+    )
+    parser.add_argument(
+        "--hand-over-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the usual variants, prefix affinity with and without prefix hand-over, "
+        "N pairs in turn",
     )
     parser.add_argument(
         "--watch-costs",
@@ -506,6 +528,12 @@ def variants(args) -> list[Variant]:
         out.append(Variant("sglang cache_aware", "sglang"))
     if args.cpu_breakdown:
         out += [Variant(name, "gateway", "prefix_affinity", env) for name, env in BREAKDOWN.items()]
+    if args.hand_over_ab:
+        off = {"prefix_hand_over": False}
+        out = []
+        for i in range(1, args.hand_over_ab + 1):
+            out.append(Variant(f"PA hand-over {i}", "gateway", "prefix_affinity"))
+            out.append(Variant(f"PA no hand-over {i}", "gateway", "prefix_affinity", route=off))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
         out = [v for v in out if v.name in wanted or v.balance in wanted or v.kind in wanted]
@@ -527,6 +555,11 @@ ROWS = (
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
     ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),
     ("TTFT p99 after e0 turns 300 ms slower, ms", "ttft_p99_after_slowdown_ms", "{:,.0f}"),
+    (
+        "  mean of new conversations' first turns, ms",
+        "ttft_mean_first_turns_after_slowdown_ms",
+        "{:,.0f}",
+    ),
     ("e0's share of new sessions, 20 s after", "slow_share_of_new_sessions", "{:.1%}"),
     ("warm follow-ups moved off their replica", "warm_follow_ups_moved", "{}"),
     ("router CPU per 1,000 requests, s", "router_cpu_s_per_1000", "{:.2f}"),

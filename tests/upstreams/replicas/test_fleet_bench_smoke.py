@@ -71,6 +71,35 @@ def test_cpu_breakdown_runs_prefix_affinity_again_with_parts_switched_off(monkey
     assert all("FIRSTTOKEN_ROUTES" in env for env in started)
 
 
+def test_the_hand_over_comparison_runs_prefix_affinity_with_and_without(monkeypatch) -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    args = fleet_http.parse_args(["--hand-over-ab", "2"])
+    chosen = fleet_http.variants(args)
+    assert [v.name for v in chosen] == [
+        "PA hand-over 1",
+        "PA no hand-over 1",
+        "PA hand-over 2",
+        "PA no hand-over 2",
+    ]
+    assert {v.balance for v in chosen} == {"prefix_affinity"}
+    routes: list[dict] = []
+
+    def fake_start_gateway(upstream: str, env: dict):
+        routes.append(json.loads(env["FIRSTTOKEN_ROUTES"])[0])
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(fleet_http, "start_gateway", fake_start_gateway)
+    for variant in chosen[:2]:
+        try:
+            fleet_http.start_router(variant, ["http://127.0.0.1:9"], args)
+        except RuntimeError:
+            pass
+    assert "prefix_hand_over" not in routes[0] and routes[0]["load_metrics"] == "vllm"
+    assert routes[1]["prefix_hand_over"] is False
+
+
 def _result(**figures) -> dict:
     base = {
         "cached_share": 0.93,
@@ -128,10 +157,10 @@ def test_only_selects_any_variant_by_its_name() -> None:
 
     from bench.fleet_http import variants
 
-    every = variants(argparse.Namespace(cpu_breakdown=True, only=""))
+    every = variants(argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, only=""))
     assert all("," not in variant.name for variant in every)
     wanted = [every[-1].name, "bare Python relay"]
-    picked = variants(argparse.Namespace(cpu_breakdown=True, only=",".join(wanted)))
+    picked = variants(argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, only=",".join(wanted)))
     assert sorted(v.name for v in picked) == sorted(wanted)
 
 
