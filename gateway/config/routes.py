@@ -160,9 +160,12 @@ class Route(BaseModel):
     @property
     def hands_over_prefixes(self) -> bool:
         """Whether a slow replica's warm conversations hand their prefix over (see the field)."""
-        if self.prefix_hand_over is not None:
-            return self.prefix_hand_over and self.balance == "prefix_affinity"
-        return self.load_metrics is not None and self.balance == "prefix_affinity"
+        wanted = (
+            self.load_metrics is not None
+            if self.prefix_hand_over is None
+            else self.prefix_hand_over
+        )
+        return wanted and self.balance == "prefix_affinity"
 
     def _check_google(self) -> None:
         """A vertex route names its project and region, each a plain URL segment; no other

@@ -267,6 +267,7 @@ class Balancer:
             )
             if best is None or key < best:
                 best, picked, picked_matched = key, r, matched
+        reason = "affinity" if picked_matched else "least_loaded"
         if first_turn:
             # the guard against the wait and prefill estimates gone wrong, not against a
             # measured slowdown: only replicas no slower than the pick may take the request
@@ -276,10 +277,7 @@ class Balancer:
                 key=lambda r: (self.relative_load(r), r.name),
             )
             if least is not picked and self._too_uneven(picked, least):
-                choice = self._choice(least, blocks, chars, "load")
-                choice.slow = excess_of[least.name] > 0
-                return choice
-        reason = "affinity" if picked_matched else "least_loaded"
+                picked, reason, picked_matched = least, "load", -1
         choice = self._choice(picked, blocks, chars, reason, picked_matched)
         choice.slow = excess_of[picked.name] > 0
         return choice

@@ -40,7 +40,7 @@ from gateway.upstreams.replicas.balancer import Choice, ReplicaState
 from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, prompt_text
 
 if TYPE_CHECKING:
-    from gateway.upstreams.replicas.pool import ServerPool
+    from gateway.upstreams.replicas.pool import Member, ServerPool
     from gateway.upstreams.replicas.shared_index import SharedPlacements
 
 log = logging.getLogger("firsttoken.replicas")
@@ -151,7 +151,7 @@ class PrefixHandOver:
         task.add_done_callback(functools.partial(self._done, member, ctx.tenant))
 
     async def _send(
-        self, member: Any, body: UpstreamBody, ctx: CallContext
+        self, member: Member, body: UpstreamBody, ctx: CallContext
     ) -> BaseException | None:
         """The hand-over's failure, if it failed (its accounting is `_done`'s)."""
         try:
@@ -167,7 +167,7 @@ class PrefixHandOver:
             return exc
         return None
 
-    def _done(self, member: Any, tenant: str, task: asyncio.Task) -> None:
+    def _done(self, member: Member, tenant: str, task: asyncio.Task) -> None:
         """Free the target's slot however the hand-over ended (a task cancelled before its
         first step never ran `_send` at all) and judge the target as for any request."""
         self._tasks.discard(task)
