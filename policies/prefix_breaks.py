@@ -251,7 +251,7 @@ def encode_history(history: list[RecordedRequest]) -> bytes:
     return blob
 
 
-def decode_history(blob: bytes | None) -> list[RecordedRequest]:
+def decode_history(blob: bytes | bytearray | memoryview | None) -> list[RecordedRequest]:
     """``encode_history``'s input; a single fingerprint (an older gateway's blob) reads as one
     request sharing its anchor, and anything unreadable as no history."""
     if not blob:
