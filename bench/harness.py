@@ -523,3 +523,33 @@ def interleaved(
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def compiled_copy(dest: str) -> str:
+    """A copy of this checkout in `dest` (its files that git tracks or would track, edits
+    included) with the `policies` package compiled the way a compiled install builds it
+    (`FIRSTTOKEN_MYPYC=1`, `setup.py`): what `start_gateway(..., root=dest)` runs beside the
+    interpreted checkout. Needs a C compiler and mypy; about 30 s on two cores."""
+    names = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, names):
+        source = os.path.join(ROOT, os.fsdecode(name))
+        if os.path.isfile(source):
+            target = os.path.join(dest, os.fsdecode(name))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(source, target)
+    build = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=dest,
+        env={**os.environ, "FIRSTTOKEN_MYPYC": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=900,
+    )
+    if build.returncode != 0:
+        raise RuntimeError(build.stderr.decode(errors="replace")[-3000:])
+    return dest

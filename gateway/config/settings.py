@@ -63,8 +63,9 @@ _FILE_SOURCES: ContextVar[Mapping[str, tuple[str, str]] | None] = ContextVar(
 
 REDIS_URL_FALLBACK = "REDIS_URL"
 # FIRSTTOKEN_* variables that are not settings of the gateway but are read elsewhere, so never
-# "unknown": the demo model's cache folder (engine_backend/demo.py).
-OTHER_VARIABLES = frozenset({"CACHE_DIR"})
+# "unknown": the demo model's cache folder (engine_backend/demo.py), and the switch of the
+# compiled build (setup.py), which a shell that built the gateway may still export.
+OTHER_VARIABLES = frozenset({"CACHE_DIR", "MYPYC"})
 # Fields that are not a variable of their own: the policy options come from one variable per
 # option (FIRSTTOKEN_SLIM_MINIFY_JSON, ...), `captured_env` from outside the prefix.
 NOT_VARIABLES = frozenset({"policy_options", "captured_env"})

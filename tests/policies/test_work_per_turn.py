@@ -13,6 +13,7 @@ from policies import DEFAULT_POLICIES, build_chain, clear_caches, diagnostics, t
 from policies.diagnostics import PrefixFingerprints
 from policies.prefix_breaks import decode_history, encode_history, family_break
 from tests.policies.policy_helpers import OPENAI, chat
+from tests.support.compiled import patches_policies
 
 SYSTEM = " ".join(f"Rule {i}: answer with care and cite the manual." for i in range(500))
 
@@ -26,6 +27,7 @@ def conversation(turns: int) -> dict:
     return chat(*messages)
 
 
+@patches_policies
 def test_a_next_turn_counts_and_hashes_only_its_new_text(monkeypatch):
     encoded: list[int] = []
     hashed: list[int] = []
@@ -81,6 +83,7 @@ def decodes(monkeypatch) -> Callable[[], list[int]]:
     return start
 
 
+@patches_policies
 def test_a_history_blob_is_decoded_once(decodes):
     decoded = decodes()
     clear_caches()
@@ -94,6 +97,7 @@ def test_a_history_blob_is_decoded_once(decodes):
     assert len(decoded) == 1  # four equal entries, five reads: one decode
 
 
+@patches_policies
 def test_a_history_this_gateway_encoded_is_read_back_without_decoding(decodes):
     clear_caches()
     chain = build_chain(DEFAULT_POLICIES, {})

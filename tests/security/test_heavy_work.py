@@ -12,6 +12,7 @@ import pytest
 
 from gateway.boundary.offload import HeavyWork
 from tests.security.conftest import TENANT_A_KEY, auth
+from tests.support.compiled import patches_policies
 from tests.support.gateway import openai_route
 
 
@@ -79,6 +80,7 @@ def test_big_bodies_get_the_same_policies_off_the_loop(
     assert sent[0]["prompt_cache_key"].startswith("ft-")  # cache hints applied too
 
 
+@patches_policies
 async def test_a_tokenizer_panic_degrades_the_report_not_the_request(monkeypatch):
     from gateway.pipeline.policies import report_headers
     from policies import DEFAULT_POLICIES, PolicyContext, build_chain
