@@ -2,7 +2,7 @@
 front of the same prefix-caching engines under the same seeded workload.
 
     python bench/fleet_http.py [--quick] [--seconds 90] [--replicas 4] [--rate 3.0] [--seed 7]
-                               [--only NAMES] [--cpu-breakdown] [--hand-over-ab N]
+                               [--only NAMES] [--cpu-breakdown] [--hand-over-ab N] [--compiled]
 
 Engines: `bench/fleet_engine.py`, one process each (16-token block chains, an LRU smaller than
 the working set, `--slots` at once and a queue, TTFT = 20 ms + 0.25 ms per uncached token,
@@ -33,8 +33,11 @@ diagnostics and the shadow cache advisor; both): what is left with both off is t
 itself (admission, the choice of a replica, the relay), to set beside the bare relay's figure.
 With `--hand-over-ab N`, only prefix affinity runs, N times with prefix hand-over (the default
 with `load_metrics`) and N times without, in turn: what handing a slow replica's prefixes over
-does to the first turns after the slowdown and to the cached share, in one invocation.
-Writes
+does to the first turns after the slowdown and to the cached share, in one invocation. With
+`--compiled`, prefix affinity also runs, last, from a copy of this checkout with `policies`
+compiled by mypyc (`setup.py` with `FIRSTTOKEN_MYPYC=1`; needs a C compiler): the same routing
+from the compiled build, and its CPU beside the interpreted one's (one run each, so a noisy
+machine moves the pair; `bench/turns_cpu.py --compiled --pairs N` compares in pairs). Writes
 bench/results/fleet_http.json, with what explains the figures: the cached share before and
 after the slowdown per engine (and the part lost to system prompts recomputed), how many
 engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
@@ -52,6 +55,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -63,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import (
     ROOT,
+    compiled_copy,
     drain_log,
     free_port,
     start_gateway,
@@ -76,6 +81,7 @@ from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
+COMPILED = "PA compiled"  # prefix affinity from a copy with `policies` compiled (--compiled)
 IDLE_S = 3.0  # the router's CPU is read this long while idle, before the workload
 # Issue 21's acceptance on this bench (prefix affinity, beside sglang-router where it ran).
 TARGET_CACHED_SHARE = 0.90
@@ -249,6 +255,7 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)  # gateway settings beside the route
     result: dict = field(default_factory=dict)
     route: dict = field(default_factory=dict)  # route fields over the bench's own
+    root: str | None = None  # the checkout the gateway runs from (a compiled copy), else this
 
 
 def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
@@ -283,7 +290,7 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
             **variant.route,
         }
         env = {"FIRSTTOKEN_ROUTES": orjson.dumps([route]).decode(), **variant.env}
-        proc, base, _ = start_gateway(engines[0] + "/v1", env)
+        proc, base, _ = start_gateway(engines[0] + "/v1", env, root=variant.root)
         drain_log(proc, collections.deque(maxlen=50))  # a chatty log must never block it
         return proc, base + "/chat/completions"
     if variant.kind == "floor":
@@ -487,6 +494,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run prefix affinity with policies, telemetry, or both switched off",
     )
     parser.add_argument(
+        "--compiled",
+        dest="compiled_build",
+        action="store_true",
+        help="also run prefix affinity from a copy of this checkout with `policies` compiled by "
+        "mypyc (setup.py, FIRSTTOKEN_MYPYC=1; needs a C compiler)",
+    )
+    parser.add_argument(
         "--hand-over-ab",
         type=int,
         default=0,
@@ -502,6 +516,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args(argv)
+    args.compiled = None  # the compiled copy's path, once built (--compiled)
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}
     full = {"seconds": 55.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}
     for key, value in (quick if args.quick else full).items():
@@ -526,6 +541,8 @@ def variants(args) -> list[Variant]:
         print("sglang-router is not installed (pip install sglang-router): cache_aware skipped")
     else:
         out.append(Variant("sglang cache_aware", "sglang"))
+    if args.compiled:
+        out.append(Variant(COMPILED, "gateway", "prefix_affinity", root=args.compiled))
     if args.cpu_breakdown:
         out += [Variant(name, "gateway", "prefix_affinity", env) for name, env in BREAKDOWN.items()]
     if args.hand_over_ab:
@@ -571,7 +588,10 @@ ROWS = (
 def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
     """Issue 21's acceptance on this run: (target, met, the figures); met is None where the
     comparison did not run (no prefix affinity variant, or sglang-router not installed)."""
-    ours = next((v.result for v in done if v.balance == "prefix_affinity" and not v.env), None)
+    ours = next(
+        (v.result for v in done if v.balance == "prefix_affinity" and not v.env and v.root is None),
+        None,
+    )
     theirs = next((v.result for v in done if v.kind == "sglang"), None)
     if ours is None:
         return []
@@ -624,6 +644,16 @@ def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
             f"{cpu:.2f} ms",
         )
     )
+    compiled = next((v.result for v in done if v.name == COMPILED), None)
+    if compiled is not None:
+        cpu = compiled["router_cpu_s_per_1000"]
+        out.append(
+            (
+                f"router CPU <= {TARGET_CPU_S_PER_1000:g} ms per request, compiled policies",
+                cpu <= TARGET_CPU_S_PER_1000,
+                f"{cpu:.2f} ms ({cpu / ours['router_cpu_s_per_1000']:.2f}x interpreted)",
+            )
+        )
     return out
 
 
@@ -654,6 +684,13 @@ def main() -> int:
     )
     began = time.perf_counter()
     done = []
+    built = tempfile.TemporaryDirectory(prefix="fleet-compiled-") if args.compiled_build else None
+    if built is not None:
+        t0 = time.perf_counter()
+        args.compiled = compiled_copy(built.name)
+        print(
+            f"  compiled policies (setup.py, FIRSTTOKEN_MYPYC=1): {time.perf_counter() - t0:.0f} s"
+        )
     engine_procs, engines = start_engines(args)
     try:
         for variant in variants(args):
@@ -664,8 +701,12 @@ def main() -> int:
     finally:
         for proc in engine_procs:
             stop(proc)
+        if built is not None:
+            built.cleanup()
     print_table(done)
-    affinity = next((v for v in done if v.balance == "prefix_affinity" and not v.env), None)
+    affinity = next(
+        (v for v in done if v.balance == "prefix_affinity" and not v.env and v.root is None), None
+    )
     if affinity is not None and affinity.result["tenant_failures"] is not None:
         f = affinity.result["tenant_failures"]
         print(
@@ -678,7 +719,7 @@ def main() -> int:
     print(f"elapsed {time.perf_counter() - began:.0f} s (measured on a shared machine: noisy)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     report = {
-        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "compiled")},
         "variants": {v.name: v.result for v in done},
         "targets": [{"target": n, "met": ok, "figures": f} for n, ok, f in met],
         "sglang_router": shutil.which("sglang-router") is not None,

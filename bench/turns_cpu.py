@@ -1,7 +1,7 @@
 """Gateway CPU per streamed request by turn of a conversation: does it grow with the prompt?
 
     python bench/turns_cpu.py [--sessions 8] [--turns 8] [--system-words 4000] [--prompts 2]
-                              [--baseline-rev REV [--pairs N]]
+                              [--baseline-rev REV | --compiled] [--pairs N]
 
 A mock upstream streams each answer (first token after 5 ms, 20 chunks 1 ms apart); the
 gateway (`firsttoken serve`, default settings: default policies, prefix-break diagnostics and
@@ -18,8 +18,11 @@ idle gateway spends in that time (measured for a second before the first round),
 the round's requests. With `--baseline-rev`, a temporary worktree of that revision serves the
 same workload afterwards (fresh sessions from the same seed); with `--pairs N` as well, each
 tree serves it N times, interleaved (ABBA...), the table shows the mean per turn and a line
-compares each pair's means (their median ratio is the figure to quote on a busy machine). CPU
-time, not wall time, so a loaded machine slows the bench more than it moves the figures.
+compares each pair's means (their median ratio is the figure to quote on a busy machine). With
+`--compiled` instead, the new tree is a copy of this checkout with `policies` compiled by mypyc
+(`setup.py` with `FIRSTTOKEN_MYPYC=1`, about 30 s; needs a C compiler) and the baseline is this
+checkout, interpreted: what the compiled build saves. CPU time, not wall time, so a loaded
+machine slows the bench more than it moves the figures.
 
 Targets (issue 21): at most 2.5 ms per request over the workload, and the last turn within
 1.5x of the first. `--groups N` runs N sets of sessions (other seeds) in each round, for
@@ -37,6 +40,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,6 +53,7 @@ from bench.cache_hit import paragraph, sentence
 from bench.harness import (
     ROOT,
     commit_of,
+    compiled_copy,
     drain_log,
     git_worktree,
     pin_self,
@@ -117,16 +122,24 @@ def parse_args() -> argparse.Namespace:
         "--baseline-rev", help="a git revision to run the same workload through afterwards"
     )
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the new tree is a copy of this checkout with `policies` compiled by mypyc "
+        "(setup.py, FIRSTTOKEN_MYPYC=1), the baseline this checkout interpreted",
+    )
+    parser.add_argument(
         "--pairs",
         type=int,
         default=1,
-        help="with --baseline-rev: run both trees this many times each, interleaved (ABBA...), "
-        "and compare per pair; a noisy machine needs several",
+        help="with --baseline-rev or --compiled: run both trees this many times each, "
+        "interleaved (ABBA...), and compare per pair; a noisy machine needs several",
     )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "turns_cpu.json"))
     args = parser.parse_args()
     if not 1 <= args.pairs <= 10:
         parser.error("--pairs in [1, 10]")
+    if args.compiled and args.baseline_rev:
+        parser.error("--compiled compares with this checkout: no --baseline-rev with it")
     if not 1 <= args.groups <= 16:
         parser.error("--groups in [1, 16]")
     if not (1 <= args.sessions <= 64 and 1 <= args.turns <= 32 and 1 <= args.prompts):
@@ -232,17 +245,21 @@ def run_mean(rows: list[dict]) -> float:
 def main() -> int:
     args = parse_args()
     pin_self()
-    runs_per_tree = args.pairs if args.baseline_rev else 1
-    deadline = time.perf_counter() + TIME_LIMIT_S * runs_per_tree * (2 if args.baseline_rev else 1)
+    paired = bool(args.baseline_rev or args.compiled)
+    runs_per_tree = args.pairs if paired else 1
+    deadline = time.perf_counter() + TIME_LIMIT_S * runs_per_tree * (2 if paired else 1)
     runs: dict[str, list[list[dict]]] = {"gateway": [], "baseline": []}
     with contextlib.ExitStack() as stack:
         mock, upstream = start_mock(first_ms=5, chunks=20, gap_ms=1)
         stack.callback(stop, mock)
-        base_root = None
+        base_root = new_root = None
         if args.baseline_rev:
             base_root = stack.enter_context(git_worktree(args.baseline_rev))
+        if args.compiled:
+            built = stack.enter_context(tempfile.TemporaryDirectory(prefix="turns-compiled-"))
+            base_root, new_root = ROOT, compiled_copy(built)
         for tree in interleaved(runs_per_tree) if base_root else ["gateway"]:
-            root = base_root if tree == "baseline" else None
+            root = base_root if tree == "baseline" else new_root
             runs[tree].append(run_turns(args, upstream, root, deadline))
     rows = mean_rows(runs["gateway"])
     base = mean_rows(runs["baseline"]) if runs["baseline"] else None
@@ -262,9 +279,15 @@ def main() -> int:
             line += f" {old:>9.3f} {row['cpu_ms_per_request'] / old if old else 0:>8.2f}"
         print(line)
     if base:
-        print(
-            f"baseline: --baseline-rev {args.baseline_rev} ({commit_of(ROOT)} is this tree's HEAD)"
-        )
+        if args.compiled:
+            print(
+                f"new: {commit_of(ROOT)} with `policies` compiled; baseline: the same, interpreted"
+            )
+        else:
+            print(
+                f"baseline: --baseline-rev {args.baseline_rev} ({commit_of(ROOT)} is this tree's "
+                "HEAD)"
+            )
         ratios = sorted(pair["gateway"] / pair["baseline"] for pair in pairs)
         print(
             f"{len(pairs)} interleaved pair(s), mean CPU per request new/base: "

@@ -52,22 +52,27 @@ def test_cpu_breakdown_runs_prefix_affinity_again_with_parts_switched_off(monkey
         v.env for v in extra
     ]
 
-    # each variant's settings reach its gateway beside the route
+    # each variant's settings reach its gateway beside the route, and --compiled's checkout
     started: list[dict] = []
+    roots: list[str | None] = []
 
-    def fake_start_gateway(upstream: str, env: dict):
+    def fake_start_gateway(upstream: str, env: dict, root: str | None = None):
         started.append(env)
+        roots.append(root)
         raise RuntimeError("not started in this test")
 
     monkeypatch.setattr(fleet_http, "start_gateway", fake_start_gateway)
-    for variant in extra:
+    compiled = fleet_http.Variant(fleet_http.COMPILED, "gateway", "prefix_affinity", root="/c")
+    for variant in [*extra, compiled]:
         try:
             fleet_http.start_router(variant, ["http://127.0.0.1:9"], args)
         except RuntimeError:
             pass
     assert [{k: v for k, v in env.items() if k != "FIRSTTOKEN_ROUTES"} for env in started] == [
-        v.env for v in extra
+        *(v.env for v in extra),
+        {},
     ]
+    assert roots == [None] * len(extra) + ["/c"]
     assert all("FIRSTTOKEN_ROUTES" in env for env in started)
 
 
@@ -86,7 +91,7 @@ def test_the_hand_over_comparison_runs_prefix_affinity_with_and_without(monkeypa
     assert {v.balance for v in chosen} == {"prefix_affinity"}
     routes: list[dict] = []
 
-    def fake_start_gateway(upstream: str, env: dict):
+    def fake_start_gateway(upstream: str, env: dict, root: str | None = None):
         routes.append(json.loads(env["FIRSTTOKEN_ROUTES"])[0])
         raise RuntimeError("not started in this test")
 
@@ -157,10 +162,14 @@ def test_only_selects_any_variant_by_its_name() -> None:
 
     from bench.fleet_http import variants
 
-    every = variants(argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, only=""))
+    every = variants(argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, compiled="/c", only=""))
     assert all("," not in variant.name for variant in every)
+    [compiled] = [v for v in every if v.root is not None]  # --compiled: from the copy at /c
+    assert (compiled.root, compiled.balance, compiled.env) == ("/c", "prefix_affinity", {})
     wanted = [every[-1].name, "bare Python relay"]
-    picked = variants(argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, only=",".join(wanted)))
+    picked = variants(
+        argparse.Namespace(cpu_breakdown=True, hand_over_ab=0, compiled=None, only=",".join(wanted))
+    )
     assert sorted(v.name for v in picked) == sorted(wanted)
 
 
