@@ -66,9 +66,16 @@ class Serve:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        """Stop the supervisor as an operator would (SIGTERM: it stops its workers and removes
+        its private copy of the configuration); kill it only if it does not stop in time, when
+        its workers see the supervisor go."""
         if self.proc.poll() is None:
-            self.proc.kill()  # the test failed half-way: its workers see the supervisor go
-            self.proc.wait(10)
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
         self._log.close()
 
 
