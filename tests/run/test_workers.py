@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness import free_port
+from bench.harness import free_port, stop
 from gateway.config.settings import Settings
 from gateway.run.workers import Supervisor, per_worker_warning
 from tests.support.cli import serve_refusal
@@ -70,12 +70,7 @@ class Serve:
         its private copy of the configuration); kill it only if it does not stop in time, when
         its workers see the supervisor go."""
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            stop(self.proc)
         self._log.close()
 
 
