@@ -5,6 +5,13 @@ choose: an upstream failure before any event can still become a 502/503/504 (or 
 way of `Proxy.attempt`), while every event after the first is written the moment it arrives.
 Whatever the upstream does, the client's stream ends the same way: a finish or an error event,
 then `data: [DONE]`, and nothing after it.
+
+Past its first batch, a stream that can be diverted (`Diverted`: an OpenAI-compatible answer on
+the gateway's HTTP/1.1 client) is relayed from the upstream connection's read callback straight
+into the client's (`gateway.boundary.direct_body`), where the gateway's server offers that: each
+event is written, then read for telemetry, exactly as through `send`, but no task wakes up per
+event. The relay waits once, for the end, under the same deadline; a slow client pauses the
+upstream's reads until it has drained, as `send` would.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.boundary.client_watch import disconnect_waiter
+from gateway.boundary.direct_body import DirectBody, direct_body
 from gateway.config.routes import Route
 from gateway.pipeline.answer import CHAT, AnswerFormat
 from gateway.pipeline.prepared import PreparedRequest
@@ -31,6 +40,8 @@ from gateway.sse import SSE_RAW_HEADERS
 from gateway.telemetry.record import RequestRecord
 from gateway.upstreams.base import (
     CallContext,
+    Diverted,
+    EventStream,
     OutEvent,
     Upstream,
     UpstreamError,
@@ -70,11 +81,15 @@ class StreamRelay:
         self._keepalive_timer: asyncio.TimerHandle | None = None
         self._keepalive_task: asyncio.Task | None = None
         self._keepalives_stopped = False
+        self._writer: DirectBody | None = None  # the server's, for a diverted stream
+        self._diverted: Diverted | None = None
+        self._draining: asyncio.Future | None = None  # waiting for a slow client to drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The relay runs in this task (no extra hop before the upstream request goes out); a
         # watcher cancels it the moment the client disconnects, which closes the upstream.
         relay_task = asyncio.current_task()
+        self._writer = direct_body(scope)
         watcher = disconnect_waiter(scope, receive)
         watcher.add_done_callback(lambda w: self._on_disconnect(w, relay_task))
         try:
@@ -228,9 +243,7 @@ class StreamRelay:
                 if isinstance(over, Exception):
                     raise over
                 if not over:
-                    async for batch in iterator:
-                        if await self._forward(send, batch):
-                            break  # nothing after [DONE] is read
+                    await self._pump(send, stream, iterator)
         except TimeoutError:
             record.status = "timeout"
             tail = self._failed("upstream timed out mid-stream", "timeout_error")
@@ -253,9 +266,67 @@ class StreamRelay:
         else:
             tail = self._ending()
         finally:
+            self._undivert()
             await close_iterator(iterator)
             await stream.aclose()
         await self._end(send, tail)
+
+    async def _pump(self, send: Send, stream: EventStream, iterator: AsyncIterator) -> None:
+        """The events after the first batch, to the end of the stream: diverted into the
+        client's connection where both sides allow it (as soon as they do), else batch by
+        batch through `send`."""
+        writer = self._writer
+        divert = getattr(stream, "divert", None) if writer is not None else None
+        while True:
+            if divert is not None and writer is not None and writer.ready():
+                diverted = divert(self._forward_now)
+                if diverted is not None:
+                    self._diverted = diverted
+                    if writer.paused:
+                        self._client_full()
+                    await diverted.ended()
+                    return
+            try:
+                batch = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            if await self._forward(send, batch):
+                return  # nothing after [DONE] is read
+
+    def _forward_now(self, batch: list[OutEvent]) -> bool:
+        """`_forward` for a diverted stream, in the upstream's read callback: the batch goes
+        straight into the client's connection."""
+        writer = self._writer
+        assert writer is not None
+        arrived = time.perf_counter()
+        data = self.answer.events(batch, self.plan.client_wants_usage)
+        if data:
+            writer.write(data)
+            if writer.paused:
+                self._client_full()
+        return self._read_batch(batch, arrived, time.perf_counter())
+
+    def _client_full(self) -> None:
+        """The client reads slower than the upstream writes: no more upstream reads until its
+        connection has drained (as `send` waits)."""
+        diverted, writer = self._diverted, self._writer
+        if diverted is None or writer is None or self._draining is not None:
+            return
+        diverted.pause()
+        self._draining = asyncio.ensure_future(writer.drain())
+        self._draining.add_done_callback(self._client_drained)
+
+    def _client_drained(self, _: asyncio.Future) -> None:
+        self._draining = None
+        if self._diverted is not None:
+            self._diverted.resume()
+
+    def _undivert(self) -> None:
+        diverted, self._diverted = self._diverted, None
+        if diverted is not None:
+            diverted.stop()
+        if self._draining is not None:
+            self._draining.cancel()
 
     async def _end(self, send: Send, tail: bytes) -> None:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -289,12 +360,16 @@ class StreamRelay:
         the write (a chat stream's events are parsed only then, except one that may be the
         usage chunk the client did not ask for). True when the stream is over: its end went
         out, or an event turned out malformed."""
-        record = self.record
         arrived = time.perf_counter()
         data = self.answer.events(batch, self.plan.client_wants_usage)
         if data:
             await send({"type": "http.response.body", "body": data, "more_body": True})
-        written = time.perf_counter()
+        return self._read_batch(batch, arrived, time.perf_counter())
+
+    def _read_batch(self, batch: list[OutEvent], arrived: float, written: float) -> bool:
+        """Read a batch that went out (`arrived` from upstream, `written` to the client) for
+        telemetry and the stream's end: True when the stream is over."""
+        record = self.record
         content = over = False
         for event in batch:
             event.resolve()

@@ -22,9 +22,14 @@ from typing import Any
 import httptools
 import orjson
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gateway.boundary.client_watch import DISCONNECT_EXTENSION
+from gateway.boundary.direct_body import DIRECT_BODY_EXTENSION
 from gateway.config.settings import Settings
 from gateway.errors import error_body
 
@@ -182,6 +187,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._open = [(c, f) for c, f in self._open if not c.response_complete]
         if self.cycle is not None and self.cycle.scope is self.scope:
             self._open.append((self.cycle, gone))
+            # The request's task has not run yet: the writer is in its scope before it looks.
+            extensions[DIRECT_BODY_EXTENSION] = {"writer": CycleBody(self.cycle)}
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -250,6 +257,38 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
+
+
+class CycleBody:
+    """`gateway.boundary.direct_body.DirectBody` for a request on this server: the body bytes
+    go to the connection's transport framed as uvicorn frames them (chunked: an event stream
+    has no length), and uvicorn's flow control says when the client is slow."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    def ready(self) -> bool:
+        cycle = self._cycle
+        return (
+            cycle.response_started
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and cycle.chunked_encoding is True
+        )
+
+    def write(self, data: bytes) -> None:
+        cycle = self._cycle
+        if data and not cycle.disconnected and not cycle.response_complete:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._cycle.flow.write_paused)
+
+    async def drain(self) -> None:
+        await self._cycle.flow.drain()
 
 
 def server_config(

@@ -7,7 +7,7 @@ re-parses what an upstream already understood.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -273,6 +273,31 @@ class EventStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[list[OutEvent]]: ...
     async def aclose(self) -> None: ...
+
+
+# A reader's function for a diverted stream's batches: True when it wants nothing more.
+OnBatch = Callable[[list[OutEvent]], bool]
+
+
+class Diverted(Protocol):
+    """An event stream that hands each read's batch to its reader's function as it arrives
+    (`divert`), from the connection's read callback: no task wakes up per read. The reader
+    waits once, in `ended`."""
+
+    async def ended(self) -> None:
+        """Until the stream is over: the function wanted nothing more, or the body ended (its
+        last unterminated event delivered first). Raises what reading it would have raised."""
+        ...
+
+    def pause(self) -> None:
+        """Stop reading from the upstream (the reader's own client is slow)."""
+        ...
+
+    def resume(self) -> None: ...
+
+    def stop(self) -> None:
+        """Nothing more goes to the function (the reader is done, whichever way)."""
+        ...
 
 
 async def close_iterator(iterator: object) -> None:

@@ -21,6 +21,11 @@ What it does not do is as deliberate as what it does:
   `DRAIN_BYTES` and `DRAIN_S`);
 - a reused connection that closes before any byte of the answer (the server dropped it as the
   request left) is retried once on a new one.
+
+A reader may also `divert` an answer: from then on each read's body bytes go to its function
+from the connection's read callback, instead of waking a reader task per read (an event stream
+relays most of its events this way, `gateway.pipeline.stream_relay`); the reader then waits
+once, for the end (`diverted_end`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import socket
 import ssl
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httptools
@@ -337,6 +342,11 @@ class Http1Response:
         self._drained = 0
         self._drain_timer: asyncio.TimerHandle | None = None
         self.received_any = False
+        # A diverted answer's body goes to `_sink` as it is read; True from it: nothing more
+        # is wanted (`_sink_over`), and a failure in it ends the answer as a reader's would.
+        self._sink: Callable[[bytes], bool] | None = None
+        self._sink_over = False
+        self._sink_failure: Exception | None = None
 
     # what the upstream kinds read ------------------------------------------------------------
 
@@ -434,6 +444,66 @@ class Http1Response:
             self._done = True
             self._conn.finished(self, keep_alive=False)
 
+    # a diverted answer -------------------------------------------------------------------------
+
+    def divert(self, sink: Callable[[bytes], bool]) -> None:
+        """From now on, each read's body bytes go to `sink`, called from the connection's read
+        callback, instead of waiting for `__anext__` (which must not be called again): no task
+        wakes up per read. What arrived and was not read yet goes to `sink` at once. `sink`
+        returns True when it wants nothing more (the rest is left for `release` to drain); it
+        must not raise, but an exception from it ends the answer for its reader like a broken
+        one (`diverted_end` raises it)."""
+        self._sink = sink
+        if self._paused:  # paused for a reader that had not come back: the sink reads now
+            self._paused = False
+            self._conn.resume_reading()
+        if self._chunks and not self._done:
+            self._deliver()
+
+    def pause(self) -> None:
+        """Stop reading a diverted answer's connection (its reader's own client is slow)."""
+        if not self._paused and not self._done:
+            self._paused = True
+            self._conn.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and not self._done:
+            self._paused = False
+            self._conn.resume_reading()
+
+    async def diverted_end(self) -> bool:
+        """Wait for a diverted answer to end: True when its sink wanted nothing more, False when
+        the body ended whole; raises `AnswerBroken` (or the sink's exception) when it broke."""
+        while not (self._sink_over or self._complete or self._error is not None):
+            await self._wait()
+        if self._sink_failure is not None:
+            raise self._sink_failure
+        if self._sink_over:
+            return True
+        if self._error is not None:
+            raise self._error
+        return False
+
+    def undivert(self) -> None:
+        """The reader is done with the diverted answer: nothing more goes to its sink."""
+        self._sink = None
+
+    def _deliver(self) -> None:
+        sink = self._sink
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if sink is None or self._sink_over:
+            return
+        try:
+            over = sink(data)
+        except Exception as exc:  # noqa: BLE001  # the reader's failure, raised where it waits
+            self._sink_failure = exc
+            over = True
+        if over:
+            self._sink_over = True
+
     # what the connection tells ---------------------------------------------------------------
 
     async def wait_head(self) -> None:
@@ -466,6 +536,12 @@ class Http1Response:
                 self._fail(f"the upstream's answer is not valid HTTP ({type(exc).__name__})")
         if self._draining:
             self._drain_step()
+            return
+        if self._sink is not None:
+            if self._chunks:
+                self._deliver()
+            if self._sink_over or self._complete or self._error is not None:
+                self._wake()  # the one wake-up of a diverted answer: its end
             return
         if self._buffered > HIGH_WATER and not self._paused and not self._complete:
             self._paused = True
@@ -557,6 +633,9 @@ class Http1Response:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         self._chunks.clear()
+        if self._paused:  # a connection goes back to the pool reading
+            self._paused = False
+            self._conn.resume_reading()
         self._conn.finished(self, keep_alive)
         self._slots.release()
 

@@ -22,7 +22,9 @@ from gateway.telemetry.usage import with_chat_usage
 from gateway.upstreams.base import (
     CallContext,
     Completed,
+    Diverted,
     ModelCard,
+    OnBatch,
     OutEvent,
     UpstreamBody,
     UpstreamResponse,
@@ -33,6 +35,7 @@ from gateway.upstreams.base import (
     usage_from_chunk,
 )
 from gateway.upstreams.http import RemoteUpstream, json_object_body
+from gateway.upstreams.http1 import Http1Response
 
 log = logging.getLogger("firsttoken.upstream")
 
@@ -110,15 +113,9 @@ class OpenAIEventStream:
         self.answered = False  # `[DONE]` came: the answer ended as the protocol says
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        parser = self._parser
         async for chunk in self._resp.content.iter_any():
-            whole = None if parser.holding else json_events(chunk, parser.limit)
-            if whole is not None:
-                # The usual read while a model streams: whole events, one `data:` line each.
-                yield [OutEvent.unread(raw, raw[6:-2]) for raw in whole]
-                continue
             try:
-                events = parser.feed(chunk)
+                out = self._read(chunk)
             except EventTooLarge as exc:
                 if exc.events:
                     out = self._out(exc.events)
@@ -126,16 +123,38 @@ class OpenAIEventStream:
                     if out[-1].done or out[-1].error:
                         return
                 raise event_too_large(self._route, exc.limit) from None
-            if events:
-                out = self._out(events)
-                # Marked before the yield: a reader stops at `[DONE]` without resuming us.
-                self.answered = out[-1].done
+            if out:
                 yield out
                 if out[-1].done or out[-1].error:
                     return
-        tail = parser.flush()
+        tail = self._parser.flush()
         if tail:
             yield self._out(tail)
+
+    def _read(self, chunk: bytes) -> list[OutEvent]:
+        """The events one read completes (none while an event is still partial)."""
+        parser = self._parser
+        whole = None if parser.holding else json_events(chunk, parser.limit)
+        if whole is not None:
+            # The usual read while a model streams: whole events, one `data:` line each.
+            return [OutEvent.unread(raw, raw[6:-2]) for raw in whole]
+        events = parser.feed(chunk)
+        if not events:
+            return []
+        out = self._out(events)
+        # Marked before the reader sees it: a reader stops at `[DONE]` without resuming us.
+        self.answered = out[-1].done
+        return out
+
+    def divert(self, on_batch: OnBatch) -> Diverted | None:
+        """Hand each read's batch to `on_batch` as it arrives (see `Diverted`), for an answer on
+        the gateway's own HTTP/1.1 client; None for any other (aiohttp's)."""
+        resp = self._resp
+        if not isinstance(resp, Http1Response):
+            return None
+        diverted = _DivertedEvents(self, resp, on_batch)
+        resp.divert(diverted.read)
+        return diverted
 
     def _out(self, events: list[SSEEvent]) -> list[OutEvent]:
         """Events as the client gets them, cut after `[DONE]` or a malformed event. Only the
@@ -158,6 +177,48 @@ class OpenAIEventStream:
 
     async def aclose(self) -> None:
         end_answer(self._resp, self.answered)  # `[DONE]` is OpenAI's end of the answer
+
+
+class _DivertedEvents:
+    """An `OpenAIEventStream` diverted: each read becomes a batch for the reader's function
+    in the read callback, exactly as `__aiter__` would have yielded it."""
+
+    def __init__(self, stream: OpenAIEventStream, resp: Http1Response, on_batch: OnBatch) -> None:
+        self._stream = stream
+        self._resp = resp
+        self._on_batch = on_batch
+
+    def read(self, chunk: bytes) -> bool:
+        """One read's bytes: True when the stream is over (the reader wants nothing more, or
+        its end or an error event went to it)."""
+        stream = self._stream
+        try:
+            out = stream._read(chunk)
+        except EventTooLarge as exc:
+            if exc.events:
+                out = stream._out(exc.events)
+                if self._on_batch(out) or out[-1].done or out[-1].error:
+                    return True
+            raise event_too_large(stream._route, exc.limit) from None
+        if not out:
+            return False
+        return self._on_batch(out) or out[-1].done or out[-1].error
+
+    async def ended(self) -> None:
+        if await self._resp.diverted_end():
+            return
+        tail = self._stream._parser.flush()  # the body ended: its unterminated last event
+        if tail:
+            self._on_batch(self._stream._out(tail))
+
+    def pause(self) -> None:
+        self._resp.pause()
+
+    def resume(self) -> None:
+        self._resp.resume()
+
+    def stop(self) -> None:
+        self._resp.undivert()
 
 
 def json_events(chunk: bytes, limit: int) -> list[bytes] | None:

@@ -552,3 +552,170 @@ def test_warm_connections_serve_the_first_requests(run) -> None:
             await pool.aclose()
 
     run(main())
+
+
+# A diverted answer: its reads go to a function from the read callback ------------------------
+
+
+class Sink:
+    """What a diverted answer handed over, read by read; `over_at`: the read (1-based) after
+    which it wants nothing more."""
+
+    def __init__(self, over_at: int | None = None, fail: bool = False) -> None:
+        self.reads: list[bytes] = []
+        self.over_at = over_at
+        self.fail = fail
+
+    def __call__(self, data: bytes) -> bool:
+        self.reads.append(data)
+        if self.fail:
+            raise ValueError("the reader broke")
+        return self.over_at is not None and len(self.reads) >= self.over_at
+
+
+def test_a_diverted_answer_goes_to_its_sink_as_it_arrives_and_its_connection_is_reused(
+    run,
+) -> None:
+    first_read = asyncio.Event()
+    more = asyncio.Event()
+
+    async def streams(reader, writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(b"data: a\n\n"))
+        await first_read.wait()
+        writer.write(chunk(b"data: b\n\n"))
+        await more.wait()
+        writer.write(chunk(b"data: c\n\n") + END)
+        await serve_forever(reader, writer)
+
+    async def main() -> None:
+        async with Script(streams) as server:
+            pool = Http1Pool(server.url)
+            resp = await pool.post("/chat/completions", JSON, b"{}")
+            assert await anext(resp.content.iter_any()) == b"data: a\n\n"
+            sink = Sink()
+            resp.divert(sink)
+            first_read.set()
+            while not sink.reads:  # delivered by the read callback: no reader runs
+                await asyncio.sleep(0.005)
+            assert sink.reads == [b"data: b\n\n"]
+            more.set()
+            assert await resp.diverted_end() is False  # the body ended whole
+            assert b"".join(sink.reads) == b"data: b\n\ndata: c\n\n"
+            resp.release()
+            assert await read_all(pool) == b"ok"
+            assert server.connections == 1
+            await pool.aclose()
+
+    run(main())
+
+
+def test_bytes_waiting_when_diverted_go_at_once_and_true_ends_the_handover(run) -> None:
+    sent_rest = asyncio.Event()
+
+    async def streams(reader, writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(b"data: a\n\n"))
+        await sent_rest.wait()
+        writer.write(chunk(b"data: after\n\n") + END)
+        await serve_forever(reader, writer)
+
+    async def main() -> None:
+        async with Script(streams) as server:
+            pool = Http1Pool(server.url)
+            resp = await pool.post("/chat/completions", JSON, b"{}")
+            while not resp._buffered:
+                await asyncio.sleep(0.005)
+            sink = Sink(over_at=1)
+            resp.divert(sink)
+            assert sink.reads == [b"data: a\n\n"]  # at once, before any await
+            assert await resp.diverted_end() is True
+            sent_rest.set()
+            resp.release()  # what follows is drained, not handed over, and the connection kept
+            while not resp._done:
+                await asyncio.sleep(0.005)
+            assert await read_all(pool) == b"ok"
+            assert sink.reads == [b"data: a\n\n"]
+            assert server.connections == 1
+            await pool.aclose()
+
+    run(main())
+
+
+def test_a_diverted_answer_cut_mid_body_raises_and_a_failing_sink_ends_it(run) -> None:
+    async def cut(reader, writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(b"data: a\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+    async def endless(reader, writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        for _ in range(1000):
+            writer.write(chunk(b"data: x\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        async with Script(cut, endless) as server:
+            pool = Http1Pool(server.url)
+            resp = await pool.post("/chat/completions", JSON, b"{}")
+            resp.divert(Sink())
+            with pytest.raises(AnswerBroken):
+                await resp.diverted_end()
+            resp.close()
+            resp = await pool.post("/chat/completions", JSON, b"{}")
+            sink = Sink(fail=True)
+            resp.divert(sink)
+            with pytest.raises(ValueError, match="the reader broke"):
+                await resp.diverted_end()
+            assert len(sink.reads) == 1  # nothing more once it failed
+            resp.close()
+            assert await _closes(pool)
+            await pool.aclose()
+
+    run(main())
+
+
+def test_a_paused_diverted_answer_stops_reading_until_resumed(run) -> None:
+    piece = b"x" * 65536
+    total = 16 * 1024 * 1024
+    blocked = asyncio.Event()
+
+    async def floods(reader, writer) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        sent = 0
+        while sent < total:
+            writer.write(chunk(piece))
+            sent += len(piece)
+            try:
+                await asyncio.wait_for(writer.drain(), 0.5)
+            except TimeoutError:
+                blocked.set()  # the client stopped reading: the kernel's buffers are full
+                await writer.drain()
+        writer.write(END)
+        await writer.drain()
+
+    async def main() -> None:
+        async with Script(floods) as server:
+            pool = Http1Pool(server.url)
+            resp = await pool.post("/chat/completions", JSON, b"{}")
+            received = [0]
+
+            def sink(data: bytes) -> bool:
+                received[0] += len(data)
+                return False
+
+            resp.divert(sink)
+            resp.pause()
+            await blocked.wait()
+            assert received[0] < total // 2  # a paused socket, not a buffer filling up
+            resp.resume()
+            assert await resp.diverted_end() is False
+            assert received[0] == total
+            resp.release()
+            await pool.aclose()
+
+    run(main())

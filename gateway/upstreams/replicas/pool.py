@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.config.routes import Replica, Route, pool_names
 from gateway.upstreams.base import (
+    Diverted,
     EventStream,
     ModelCard,
+    OnBatch,
     OutEvent,
     UpstreamError,
     close_iterator,
@@ -383,6 +385,22 @@ class MemberStream:
         finally:
             self._end(failure or self._timed_out())
 
+    def divert(self, on_batch: OnBatch) -> Diverted | None:
+        """The member's stream diverted (see `Diverted`), its end reported as `__aiter__`
+        reports it; None while batches read ahead wait to be replayed, or when the inner
+        stream cannot be diverted."""
+        divert = getattr(self._inner, "divert", None)
+        if divert is None or self._held:
+            return None
+
+        def watched(batch: list[OutEvent]) -> bool:
+            if not self._first_seen:
+                self._saw(batch)
+            return on_batch(batch)
+
+        inner = divert(on_batch if self._first_seen else watched)
+        return None if inner is None else _DivertedMember(self, inner)
+
     def _end(self, failure: BaseException | None) -> None:
         if not self._ended:
             self._ended = True
@@ -400,3 +418,28 @@ class MemberStream:
         if self._first_seen or limit is None or time.monotonic() - self._since < 0.95 * limit:
             return None
         return UpstreamError("no first token in time", status=504)
+
+
+class _DivertedMember:
+    """A member's diverted stream: a failure is the member's, as when read through
+    `MemberStream.__aiter__` (a good end is reported when the stream is closed)."""
+
+    def __init__(self, stream: MemberStream, inner: Diverted) -> None:
+        self._stream = stream
+        self._inner = inner
+
+    async def ended(self) -> None:
+        try:
+            await self._inner.ended()
+        except Exception as exc:
+            self._stream._end(exc)
+            raise
+
+    def pause(self) -> None:
+        self._inner.pause()
+
+    def resume(self) -> None:
+        self._inner.resume()
+
+    def stop(self) -> None:
+        self._inner.stop()
