@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,33 +263,39 @@ class FrontDoorProtocol(HttpToolsProtocol):
 class CycleBody:
     """`gateway.boundary.direct_body.DirectBody` for a request on this server: the body bytes
     go to the connection's transport framed as uvicorn frames them (chunked: an event stream
-    has no length), and uvicorn's flow control says when the client is slow."""
+    has no length), and uvicorn's flow control says when the client is slow. It holds its
+    request weakly: the request's scope holds it, and a strong reference back would make every
+    request a reference cycle, its memory (the body included) held until the collector runs."""
 
     __slots__ = ("_cycle",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
 
     def ready(self) -> bool:
-        cycle = self._cycle
+        cycle = self._cycle()
         return (
-            cycle.response_started
+            cycle is not None
+            and cycle.response_started
             and not cycle.response_complete
             and not cycle.disconnected
             and cycle.chunked_encoding is True
         )
 
     def write(self, data: bytes) -> None:
-        cycle = self._cycle
-        if data and not cycle.disconnected and not cycle.response_complete:
+        cycle = self._cycle()
+        if cycle is not None and data and not cycle.disconnected and not cycle.response_complete:
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
     @property
     def paused(self) -> bool:
-        return bool(self._cycle.flow.write_paused)
+        cycle = self._cycle()
+        return cycle is not None and bool(cycle.flow.write_paused)
 
     async def drain(self) -> None:
-        await self._cycle.flow.drain()
+        cycle = self._cycle()
+        if cycle is not None:
+            await cycle.flow.drain()
 
 
 def server_config(
