@@ -288,10 +288,10 @@ async def _closes(pool: Http1Pool) -> bool:
     return True
 
 
-def test_a_slow_reader_pauses_the_socket(run) -> None:
+def flooding(total: int, blocked: asyncio.Event) -> Handler:
+    """A handler that streams `total` bytes in 64 KiB chunks and sets `blocked` once its writes
+    stall (the client stopped reading: the kernel's buffers are full)."""
     piece = b"x" * 65536
-    total = 32 * 1024 * 1024
-    blocked = asyncio.Event()
 
     async def floods(reader, writer) -> None:
         await read_request(reader)
@@ -303,13 +303,20 @@ def test_a_slow_reader_pauses_the_socket(run) -> None:
             try:
                 await asyncio.wait_for(writer.drain(), 0.5)
             except TimeoutError:
-                blocked.set()  # the client stopped reading: the kernel's buffers are full
+                blocked.set()
                 await writer.drain()
         writer.write(END)
         await writer.drain()
 
+    return floods
+
+
+def test_a_slow_reader_pauses_the_socket(run) -> None:
+    total = 32 * 1024 * 1024
+    blocked = asyncio.Event()
+
     async def main() -> None:
-        async with Script(floods) as server:
+        async with Script(flooding(total, blocked)) as server:
             pool = Http1Pool(server.url)
             resp = await pool.post("/chat/completions", JSON, b"{}")
             await blocked.wait()
@@ -679,27 +686,11 @@ def test_a_diverted_answer_cut_mid_body_raises_and_a_failing_sink_ends_it(run) -
 
 
 def test_a_paused_diverted_answer_stops_reading_until_resumed(run) -> None:
-    piece = b"x" * 65536
     total = 16 * 1024 * 1024
     blocked = asyncio.Event()
 
-    async def floods(reader, writer) -> None:
-        await read_request(reader)
-        writer.write(CHUNKED_HEAD)
-        sent = 0
-        while sent < total:
-            writer.write(chunk(piece))
-            sent += len(piece)
-            try:
-                await asyncio.wait_for(writer.drain(), 0.5)
-            except TimeoutError:
-                blocked.set()  # the client stopped reading: the kernel's buffers are full
-                await writer.drain()
-        writer.write(END)
-        await writer.drain()
-
     async def main() -> None:
-        async with Script(floods) as server:
+        async with Script(flooding(total, blocked)) as server:
             pool = Http1Pool(server.url)
             resp = await pool.post("/chat/completions", JSON, b"{}")
             received = [0]
