@@ -6,12 +6,12 @@ way of `Proxy.attempt`), while every event after the first is written the moment
 Whatever the upstream does, the client's stream ends the same way: a finish or an error event,
 then `data: [DONE]`, and nothing after it.
 
-Past its first batch, a stream that can be diverted (`Diverted`: an OpenAI-compatible answer on
-the gateway's HTTP/1.1 client) is relayed from the upstream connection's read callback straight
-into the client's (`gateway.boundary.direct_body`), where the gateway's server offers that: each
-event is written, then read for telemetry, exactly as through `send`, but no task wakes up per
-event. The relay waits once, for the end, under the same deadline; a slow client pauses the
-upstream's reads until it has drained, as `send` would.
+Past its first batch, a stream that can be diverted (`Diverted`: an OpenAI-compatible,
+Anthropic or Gemini answer on the gateway's HTTP/1.1 client) is relayed from the upstream
+connection's read callback straight into the client's (`gateway.boundary.direct_body`), where
+the gateway's server offers that: each event is written, then read for telemetry, exactly as
+through `send`, but no task wakes up per event. The relay waits once, for the end, under the
+same deadline; a slow client pauses the upstream's reads until it has drained, as `send` would.
 """
 
 from __future__ import annotations

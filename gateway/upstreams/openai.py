@@ -27,6 +27,7 @@ from gateway.upstreams.base import (
     OnBatch,
     OutEvent,
     UpstreamBody,
+    UpstreamError,
     UpstreamResponse,
     encode_body,
     end_answer,
@@ -34,6 +35,7 @@ from gateway.upstreams.base import (
     relayed_headers,
     usage_from_chunk,
 )
+from gateway.upstreams.diverted import DivertedReads
 from gateway.upstreams.http import RemoteUpstream, json_object_body
 from gateway.upstreams.http1 import Http1Response
 
@@ -114,47 +116,48 @@ class OpenAIEventStream:
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         async for chunk in self._resp.content.iter_any():
-            try:
-                out = self._read(chunk)
-            except EventTooLarge as exc:
-                if exc.events:
-                    out = self._out(exc.events)
-                    yield out
-                    if out[-1].done or out[-1].error:
-                        return
-                raise event_too_large(self._route, exc.limit) from None
+            out, _, failure = self._step(chunk)
             if out:
                 yield out
-                if out[-1].done or out[-1].error:
+                if _over(out):
                     return
-        tail = self._parser.flush()
+            if failure is not None:
+                raise failure
+        tail = self._tail()
         if tail:
-            yield self._out(tail)
-
-    def _read(self, chunk: bytes) -> list[OutEvent]:
-        """The events one read completes (none while an event is still partial)."""
-        parser = self._parser
-        whole = None if parser.holding else json_events(chunk, parser.limit)
-        if whole is not None:
-            # The usual read while a model streams: whole events, one `data:` line each.
-            return [OutEvent.unread(raw, raw[6:-2]) for raw in whole]
-        events = parser.feed(chunk)
-        if not events:
-            return []
-        out = self._out(events)
-        # Marked before the reader sees it: a reader stops at `[DONE]` without resuming us.
-        self.answered = out[-1].done
-        return out
+            yield tail
 
     def divert(self, on_batch: OnBatch) -> Diverted | None:
         """Hand each read's batch to `on_batch` as it arrives (see `Diverted`), for an answer on
         the gateway's own HTTP/1.1 client; None for any other (aiohttp's)."""
-        resp = self._resp
-        if not isinstance(resp, Http1Response):
+        if not isinstance(self._resp, Http1Response):
             return None
-        diverted = _DivertedEvents(self, resp, on_batch)
-        resp.divert(diverted.read)
-        return diverted
+        return DivertedReads(self._resp, on_batch, self._step, _over, self._tail)
+
+    def _step(self, chunk: bytes) -> tuple[list[OutEvent], bool, UpstreamError | None]:
+        """The events one read completes (none while an event is still partial); an event past
+        the limit ends the stream after the events before it."""
+        parser = self._parser
+        whole = None if parser.holding else json_events(chunk, parser.limit)
+        if whole is not None:
+            # The usual read while a model streams: whole events, one `data:` line each.
+            return [OutEvent.unread(raw, raw[6:-2]) for raw in whole], False, None
+        try:
+            events = parser.feed(chunk)
+        except EventTooLarge as exc:
+            out = self._out(exc.events) if exc.events else []
+            return out, True, event_too_large(self._route, exc.limit)
+        if not events:
+            return [], False, None
+        out = self._out(events)
+        # Marked before the reader sees it: a reader stops at `[DONE]` without resuming us.
+        self.answered = out[-1].done
+        return out, False, None
+
+    def _tail(self) -> list[OutEvent] | None:
+        """The body ended: its unterminated last event, if any."""
+        tail = self._parser.flush()
+        return self._out(tail) if tail else None
 
     def _out(self, events: list[SSEEvent]) -> list[OutEvent]:
         """Events as the client gets them, cut after `[DONE]` or a malformed event. Only the
@@ -179,46 +182,9 @@ class OpenAIEventStream:
         end_answer(self._resp, self.answered)  # `[DONE]` is OpenAI's end of the answer
 
 
-class _DivertedEvents:
-    """An `OpenAIEventStream` diverted: each read becomes a batch for the reader's function
-    in the read callback, exactly as `__aiter__` would have yielded it."""
-
-    def __init__(self, stream: OpenAIEventStream, resp: Http1Response, on_batch: OnBatch) -> None:
-        self._stream = stream
-        self._resp = resp
-        self._on_batch = on_batch
-
-    def read(self, chunk: bytes) -> bool:
-        """One read's bytes: True when the stream is over (the reader wants nothing more, or
-        its end or an error event went to it)."""
-        stream = self._stream
-        try:
-            out = stream._read(chunk)
-        except EventTooLarge as exc:
-            if exc.events:
-                out = stream._out(exc.events)
-                if self._on_batch(out) or out[-1].done or out[-1].error:
-                    return True
-            raise event_too_large(stream._route, exc.limit) from None
-        if not out:
-            return False
-        return self._on_batch(out) or out[-1].done or out[-1].error
-
-    async def ended(self) -> None:
-        if await self._resp.diverted_end():
-            return
-        tail = self._stream._parser.flush()  # the body ended: its unterminated last event
-        if tail:
-            self._on_batch(self._stream._out(tail))
-
-    def pause(self) -> None:
-        self._resp.pause()
-
-    def resume(self) -> None:
-        self._resp.resume()
-
-    def stop(self) -> None:
-        self._resp.undivert()
+def _over(out: list[OutEvent]) -> bool:
+    """After its reader has read a batch: the stream ended with it (`[DONE]`, an error)."""
+    return out[-1].done or out[-1].error
 
 
 def json_events(chunk: bytes, limit: int) -> list[bytes] | None:

@@ -13,12 +13,17 @@ from collections.abc import AsyncIterator
 
 from gateway.sse import EventTooLarge, SSEEvent, SSEParser
 from gateway.upstreams.base import (
+    Diverted,
+    OnBatch,
     OutEvent,
+    UpstreamError,
     UpstreamResponse,
     end_answer,
     event_too_large,
     relayed_headers,
 )
+from gateway.upstreams.diverted import DivertedReads
+from gateway.upstreams.http1 import Http1Response
 
 
 class TranslatedEventStream:
@@ -27,32 +32,46 @@ class TranslatedEventStream:
 
     def __init__(self, resp: UpstreamResponse, max_event_bytes: int, route: str) -> None:
         self._resp = resp
-        self._max_event_bytes = max_event_bytes
+        self._parser = SSEParser(max_event_bytes)
         self._route = route
         self.relayed = relayed_headers(resp.raw_headers)
         self.answered = False  # the upstream's own end of the answer came
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
-        parser = SSEParser(self._max_event_bytes)
         async for chunk in self._resp.content.iter_any():
-            try:
-                events = parser.feed(chunk)
-            except EventTooLarge as exc:
-                out, ended = self._translate(exc.events)
-                if out:
-                    yield out
-                if ended:
-                    return
-                raise event_too_large(self._route, exc.limit) from None
-            out, ended = self._translate(events)
-            # Marked before the yield: a reader stops at the end without resuming us.
-            self.answered = ended and not (out and out[-1].error)
+            out, ended, failure = self._step(chunk)
             if out:
                 yield out
+            if failure is not None:
+                raise failure
             if ended:
                 return
-        out, ended = self._translate(parser.flush())
-        yield self._finish(out, ended)
+        yield self._tail()
+
+    def divert(self, on_batch: OnBatch) -> Diverted | None:
+        """Hand each read's batch to `on_batch` as it arrives (see `Diverted`), for an answer on
+        the gateway's own HTTP/1.1 client; None for any other."""
+        if not isinstance(self._resp, Http1Response):
+            return None
+        return DivertedReads(self._resp, on_batch, self._step, _never, self._tail)
+
+    def _step(self, chunk: bytes) -> tuple[list[OutEvent], bool, UpstreamError | None]:
+        """One read's translation, and whether the stream is over; an event past the limit ends
+        it after the events before it, unless they ended it already."""
+        try:
+            events = self._parser.feed(chunk)
+        except EventTooLarge as exc:
+            out, ended = self._translate(exc.events)
+            return out, True, None if ended else event_too_large(self._route, exc.limit)
+        out, ended = self._translate(events)
+        # Marked before the reader sees it: a reader stops at the end without resuming us.
+        self.answered = ended and not (out and out[-1].error)
+        return out, ended, None
+
+    def _tail(self) -> list[OutEvent]:
+        """The last batch, once the upstream closed: the flushed events and the kind's ending."""
+        out, ended = self._translate(self._parser.flush())
+        return self._finish(out, ended)
 
     def _translate(self, events: list[SSEEvent]) -> tuple[list[OutEvent], bool]:
         """OpenAI events for these upstream events, and whether the stream is over."""
@@ -68,3 +87,7 @@ class TranslatedEventStream:
 
     async def aclose(self) -> None:
         end_answer(self._resp, self.answered)
+
+
+def _never(_: list[OutEvent]) -> bool:
+    return False  # a translated stream knows it is over when it translates the last event

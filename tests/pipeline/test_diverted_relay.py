@@ -11,14 +11,16 @@ from types import SimpleNamespace
 import httpx
 import orjson
 import pytest
+from aiohttp import web
 
 import gateway.pipeline.stream_relay as stream_relay
+from bench.mock_openai import ThreadedServer
 from gateway.pipeline.stream_relay import StreamRelay
 from gateway.telemetry.record import RequestRecord
 from gateway.upstreams.base import OutEvent
 from gateway.upstreams.http1 import Http1Response
 from tests.ops.test_metrics_through_gateway import metrics_text
-from tests.support.gateway import openai_route
+from tests.support.gateway import anthropic_route, openai_route
 from tests.telemetry.prometheus_quantile import samples
 
 KEYS = "acme:key-a"
@@ -39,7 +41,7 @@ def diverts(monkeypatch) -> list[Http1Response]:
 
 
 def events_of(body: bytes) -> list[object]:
-    """The stream's events, their `created` stamp left out (the mock stamps each answer)."""
+    """The stream's events, their `created` stamp and `id` left out (each answer has its own)."""
     out: list[object] = []
     for block in body.split(b"\n\n"):
         if not block:
@@ -51,12 +53,13 @@ def events_of(body: bytes) -> list[object]:
             continue
         event = orjson.loads(data)
         event.pop("created", None)
+        event.pop("id", None)
         out.append(event)
     return out
 
 
-def stream(gw, usage: bool) -> bytes:
-    body: dict = {"model": "mock-1", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+def stream(gw, usage: bool, model: str = "mock-1") -> bytes:
+    body: dict = {"model": model, "stream": True, "messages": [{"role": "user", "content": "x"}]}
     if usage:
         body["stream_options"] = {"include_usage": True}
     headers = {"authorization": "Bearer key-a"}
@@ -110,6 +113,88 @@ def test_a_diverted_stream_reads_as_the_send_path_does(
     assert diverted[-1] == "[DONE]"
     has_usage = [e for e in diverted if isinstance(e, dict) and e.get("usage")]
     assert len(has_usage) == (1 if usage else 0)
+
+
+class HeldAnthropic:
+    """An Anthropic Messages upstream that streams its answer's first events, then holds the
+    rest until `release` is set: the gateway's first batch can never be the whole answer."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.app = web.Application()
+        self.app.router.add_post("/v1/messages", self.messages)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def event(name: str, data: dict) -> None:
+            await resp.write(f"event: {name}\ndata: ".encode() + orjson.dumps(data) + b"\n\n")
+
+        usage = {"input_tokens": 5, "output_tokens": 1}
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x"}
+        await event(
+            "message_start", {"type": "message_start", "message": {**message, "usage": usage}}
+        )
+        await self.release.wait()
+        self.release.clear()
+        block = {"type": "text", "text": ""}
+        await event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        )
+        for text in ("Hello", " from", " Claude"):
+            delta = {"type": "text_delta", "text": text}
+            await event(
+                "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+            )
+        await event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        end = {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 3},
+        }
+        await event("message_delta", end)
+        await event("message_stop", {"type": "message_stop"})
+        return resp
+
+
+def held_stream(gw, upstream: ThreadedServer, mock: HeldAnthropic) -> list[object]:
+    """The chat door's stream of the held answer, the rest released once its first event is in."""
+    body = {"model": "claude-x", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"authorization": "Bearer key-a"}
+    lines = []
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=10
+    ) as r:
+        for line in r.iter_lines():
+            if line:
+                lines.append(line.encode())
+                if len(lines) == 1:
+                    upstream.call(mock.release.set)
+    return events_of(b"\n\n".join(lines) + b"\n\n")
+
+
+def test_a_translated_stream_is_diverted_too(diverts, make_gateway, monkeypatch):
+    """An Anthropic answer to the chat door: its events are translated in the read callback, as
+    `__aiter__` translates them."""
+    mock = HeldAnthropic()
+    with ThreadedServer(mock) as upstream:  # type: ignore[arg-type]
+        gw = make_gateway([anthropic_route(upstream)], tenant_keys=KEYS)
+        diverted = held_stream(gw, upstream, mock)
+        assert len(diverts) == 1
+        monkeypatch.setattr(stream_relay, "direct_body", lambda scope: None)
+        sent = held_stream(gw, upstream, mock)
+        assert len(diverts) == 1
+    assert diverted == sent
+    texts = [
+        e["choices"][0]["delta"].get("content")  # type: ignore[index]
+        for e in diverted
+        if isinstance(e, dict) and e.get("choices")
+    ]
+    assert "".join(t or "" for t in texts) == "Hello from Claude"
+    assert diverted[-1] == "[DONE]"
 
 
 def test_an_answer_cut_after_its_first_events_ends_with_an_error_then_done(
