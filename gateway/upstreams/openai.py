@@ -113,10 +113,13 @@ class OpenAIEventStream:
         self._route = route
         self.relayed = relayed_headers(resp.raw_headers)
         self.answered = False  # `[DONE]` came: the answer ended as the protocol says
+        # What `__aiter__` read last: the batch it yielded and a failure it raises next
+        self._last: tuple[list[OutEvent], UpstreamError | None] = ([], None)
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         async for chunk in self._resp.content.iter_any():
             out, _, failure = self._step(chunk)
+            self._last = (out, failure)
             if out:
                 yield out
                 if _over(out):
@@ -130,8 +133,9 @@ class OpenAIEventStream:
     def divert(self, on_batch: OnBatch) -> Diverted | None:
         """Hand each read's batch to `on_batch` as it arrives (see `Diverted`), for an answer on
         the gateway's own HTTP/1.1 client; None for any other (aiohttp's)."""
-        if not isinstance(self._resp, Http1Response):
-            return None
+        out, failure = self._last
+        if not isinstance(self._resp, Http1Response) or failure is not None or (out and _over(out)):
+            return None  # the batch read last ended the stream: `__aiter__` ends it
         return DivertedReads(self._resp, on_batch, self._step, _over, self._tail)
 
     def _step(self, chunk: bytes) -> tuple[list[OutEvent], bool, UpstreamError | None]:

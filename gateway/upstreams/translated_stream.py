@@ -36,10 +36,12 @@ class TranslatedEventStream:
         self._route = route
         self.relayed = relayed_headers(resp.raw_headers)
         self.answered = False  # the upstream's own end of the answer came
+        self._over = False  # the batch `__aiter__` read last ended the stream
 
     async def __aiter__(self) -> AsyncIterator[list[OutEvent]]:
         async for chunk in self._resp.content.iter_any():
             out, ended, failure = self._step(chunk)
+            self._over = ended or failure is not None
             if out:
                 yield out
             if failure is not None:
@@ -51,8 +53,8 @@ class TranslatedEventStream:
     def divert(self, on_batch: OnBatch) -> Diverted | None:
         """Hand each read's batch to `on_batch` as it arrives (see `Diverted`), for an answer on
         the gateway's own HTTP/1.1 client; None for any other."""
-        if not isinstance(self._resp, Http1Response):
-            return None
+        if not isinstance(self._resp, Http1Response) or self._over:
+            return None  # the batch read last ended the stream: `__aiter__` ends it
         return DivertedReads(self._resp, on_batch, self._step, _never, self._tail)
 
     def _step(self, chunk: bytes) -> tuple[list[OutEvent], bool, UpstreamError | None]:

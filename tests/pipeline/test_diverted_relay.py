@@ -212,6 +212,38 @@ def test_an_answer_cut_after_its_first_events_ends_with_an_error_then_done(
     assert "tok3 " in texts and "tok4 " not in texts
 
 
+class ErrorThenMore:
+    """An OpenAI-compatible upstream whose first read ends in an in-stream error event, with
+    content after it a little later: nothing after the error may reach the client."""
+
+    def __init__(self) -> None:
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        error = {"error": {"message": "overloaded", "type": "server_error"}}
+        await resp.write(
+            b"data: " + orjson.dumps(role) + b"\n\ndata: " + orjson.dumps(error) + b"\n\n"
+        )
+        await asyncio.sleep(0.05)
+        more = {"choices": [{"index": 0, "delta": {"content": "smuggled"}}]}
+        await resp.write(b"data: " + orjson.dumps(more) + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+
+def test_nothing_after_an_upstream_error_event_is_relayed(make_gateway):
+    with ThreadedServer(ErrorThenMore()) as upstream:  # type: ignore[arg-type]
+        gw = make_gateway([openai_route(upstream)], tenant_keys=KEYS)
+        events = events_of(stream(gw, usage=False))
+    assert events[-1] == "[DONE]"
+    assert {"error": {"message": "overloaded", "type": "server_error"}} in events
+    assert not any("smuggled" in orjson.dumps(e).decode() for e in events)
+
+
 class Writer:
     """A client connection for the relay's diverted writes; `paused` until `drained`."""
 
