@@ -123,6 +123,20 @@ def test_local_routes_only_compute_the_key():
     assert result.cache_key.startswith("ft-")
 
 
+def test_a_key_the_body_does_not_carry_is_derived_after_the_transform():
+    """Only the report reads the family key of a route whose body does not carry it: the
+    transform leaves it to be derived (it masks and digests the whole system prompt), and it is
+    the same key when it is."""
+    body = conversation()
+    chain = build_chain(("slim", "canonicalize", "cache_hints"), {})
+    transformed = chain.transform(body, LOCAL)
+    assert transformed.given_cache_key is None
+    assert transformed.cache_key == chain.apply(body, LOCAL).cache_key
+    assert transformed.cache_key.startswith("ft-")
+    carried = build_chain(("cache_hints",), {}).transform(conversation(), OPENAI)
+    assert carried.given_cache_key == carried.body["prompt_cache_key"]  # the body needed it
+
+
 def test_provider_tables():
     assert anthropic_min_tokens("claude-3-5-haiku-20241022") == 2048
     assert anthropic_min_tokens("claude-opus-4-5") == 4096
