@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.paths import AZURE_FAMILIES, FAMILIES, is_azure_api_version, is_azure_deployment
+from policies.provider_limits import LOCAL
 
 # What an `anthropic` route's `passthrough` may name: Anthropic's Files API.
 ANTHROPIC_FAMILIES = frozenset({"files"})
@@ -156,6 +157,14 @@ class Route(BaseModel):
                     f"known: {', '.join(sorted(FAMILIES))}"
                 )
         return self
+
+    @property
+    def cache_family(self) -> str:
+        """The prompt-cache family the policies follow on this route ("": the one its kind,
+        model and base URL say). A route that names its servers' kind (`load_metrics`) runs
+        vLLM or SGLang servers of one's own: their prefix caches are automatic and take no
+        marker (OpenAI's `prompt_cache_key` is a field they ignore), as the bundled engine's."""
+        return LOCAL if self.load_metrics is not None else ""
 
     @property
     def hands_over_prefixes(self) -> bool:

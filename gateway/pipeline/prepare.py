@@ -67,6 +67,7 @@ def prepare_body(
         model=upstream_model,
         tenant=tenant,
         base_url=route.base_url,
+        cache_family=route.cache_family,
     )
     result = runner.apply(names, body, ctx)
     out = dict(result.body if result is not None else body)

@@ -33,6 +33,18 @@ def test_default_chain_slims_and_sets_a_cache_key(mock_upstream, make_gateway):
     assert sent["prompt_cache_key"].startswith("ft-")
 
 
+def test_servers_of_ones_own_get_no_cache_key(mock_upstream, make_gateway):
+    """A route that names its servers' kind (vLLM, SGLang) gets the policies without OpenAI's
+    `prompt_cache_key`: their prefix caches are automatic and the field is unknown to them."""
+    gw = make_gateway([openai_route(mock_upstream, load_metrics="vllm")])
+    r = chat(gw)
+    assert r.status_code == 200
+    assert r.headers["x-firsttoken-policies"] == "slim,canonicalize,cache_hints"
+    sent = mock_upstream.mock.requests[-1]["body"]
+    assert sent["messages"][0]["content"] == "You are a careful assistant.\n\n\nAnswer briefly."
+    assert "prompt_cache_key" not in sent
+
+
 def test_client_can_switch_policies_off_for_one_request(mock_upstream, make_gateway):
     gw = make_gateway([openai_route(mock_upstream)])
     r = chat(gw, headers={"x-firsttoken-policies": "none"})
