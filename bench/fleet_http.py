@@ -17,33 +17,33 @@ HTTP client, taking the engines in turn: no parsing, policies, telemetry or choi
 for the CPU figure of any Python router on this machine), then sglang-router `cache_aware` if
 `sglang_router` is installed (skipped with a message otherwise).
 
-Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99
-after warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of
-sequential short requests through the router minus straight to an engine); TTFT p99 after the
-slowdown, and the mean first turn of the conversations that began after it; e0's share of
-conversations that began in the 20 s after it; follow-up turns after the slowdown served by
-another replica than their previous turn; router CPU per 1,000
-requests (user and system time of its process tree over the workload, idle time included) and
-while idle (read for 3 s before the workload, 1 s with `--quick`). After the prefix affinity
-run, one tenant sends 12 requests that fail (400s, 500s its own bodies cause) and `/readyz`
-must still show every replica healthy. With `--cpu-breakdown`, prefix affinity runs three more
-times after the others, with settings that switch parts of the gateway off
-(`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which also stops the prefix-break
-diagnostics and the shadow cache advisor; both): what is left with both off is the request path
-itself (admission, the choice of a replica, the relay), to set beside the bare relay's figure.
-With `--hand-over-ab N`, only prefix affinity runs, N times with prefix hand-over (the default
-with `load_metrics`) and N times without, in turn: what handing a slow replica's prefixes over
-does to the first turns after the slowdown and to the cached share, in one invocation. With
-`--compiled`, prefix affinity also runs, last, from a copy of this checkout with `policies`
-compiled by mypyc (`setup.py` with `FIRSTTOKEN_MYPYC=1`; needs a C compiler): the same routing
-from the compiled build, and its CPU beside the interpreted one's (one run each, so a noisy
+Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99 after
+warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of sequential
+short requests through the router minus straight to an engine); TTFT p99 after the slowdown, and
+the mean first turn of the conversations that began after it; added TTFT on a cold long prompt
+(`--cold-prompts` never-seen system prompts of the tenants' lengths, one at a time: the median of
+each prompt's TTFT through the router minus the same prompt's straight to an engine; the p99 after
+warm-up is such first turns, so this is what decides it between routers); e0's share of
+conversations that began in the 20 s after it; follow-up turns after the slowdown served by another
+replica than their previous turn; router CPU per 1,000 requests (user and system time of its
+process tree over the workload, idle time included) and while idle (read for 3 s before the
+workload, 1 s with `--quick`). After the prefix affinity run, one tenant sends 12 requests that
+fail (400s, 500s its own bodies cause) and `/readyz` must still show every replica healthy. With
+`--cpu-breakdown`, prefix affinity runs three more times after the others, with settings that
+switch parts of the gateway off (`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which
+also stops the prefix-break diagnostics and the shadow cache advisor; both): what is left with both
+off is the request path itself (admission, the choice of a replica, the relay), to set beside the
+bare relay's figure. With `--hand-over-ab N`, only prefix affinity runs, N times with prefix
+hand-over (the default with `load_metrics`) and N times without, in turn: what handing a slow
+replica's prefixes over does to the first turns after the slowdown and to the cached share, in one
+invocation. With `--compiled`, prefix affinity also runs, last, from a copy of this checkout with
+`policies` compiled by mypyc (`setup.py` with `FIRSTTOKEN_MYPYC=1`; needs a C compiler): the same
+routing from the compiled build, and its CPU beside the interpreted one's (one run each, so a noisy
 machine moves the pair; `bench/turns_cpu.py --compiled --pairs N` compares in pairs). Writes
-bench/results/fleet_http.json, with what explains the figures: the cached share before and
-after the slowdown per engine (and the part lost to system prompts recomputed), how many
-engines each tenant's conversations began on, the follow-ups that moved (when, from, to),
-the slowest turns after the slowdown, and with `--watch-costs` the gateway's cost terms each
-second after it.
-"""
+bench/results/fleet_http.json, with what explains the figures: the cached share before and after
+the slowdown per engine (and the part lost to system prompts recomputed), how many engines each
+tenant's conversations began on, the follow-ups that moved (when, from, to), the slowest turns
+after the slowdown, and with `--watch-costs` the gateway's cost terms each second after it."""
 
 from __future__ import annotations
 
@@ -229,6 +229,36 @@ async def low_load_ttft(url: str, n: int) -> float:
     return values[len(values) // 2] if values else float("nan")
 
 
+def cold_texts(args: argparse.Namespace) -> list[str]:
+    """`--cold-prompts` system prompts of the tenants' lengths, none of them a tenant's."""
+    rng = random.Random(args.seed + 1)
+    lo, hi = args.system_words
+    return [" ".join(rng.choices(WORDS, k=rng.randint(lo, hi))) for _ in range(args.cold_prompts)]
+
+
+async def cold_prompt_ttfts(url: str, texts: list[str], tag: str) -> list[float | None]:
+    """TTFT of each of `texts` as a never-seen system prompt, one request at a time; `tag`
+    starts each prompt, so that a text another target computed is not cached for this one."""
+    out: list[float | None] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        for i, text in enumerate(texts):
+            messages = [
+                {"role": "system", "content": f"{tag}{i:03d} {text}"},
+                {"role": "user", "content": "w1 " * 8},
+            ]
+            ttft, _, _ = await stream_chat(http, url, messages)
+            out.append(ttft)
+    return out
+
+
+def added_on_cold_prompts(direct: list[float | None], routed: list[float | None]) -> float:
+    """Median of what the router added to each cold prompt's TTFT over the same prompt's TTFT
+    straight to an engine (the engine's own time is the same for both: the same length, all
+    of it uncached)."""
+    added = sorted(r - d for d, r in zip(direct, routed, strict=True) if d is not None and r)
+    return added[len(added) // 2] if added else float("nan")
+
+
 def control(engine: str, body: dict) -> None:
     req = urllib.request.Request(
         engine + "/control", data=orjson.dumps(body), headers={"content-type": "application/json"}
@@ -343,6 +373,9 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         router, url = start_router(variant, engines, args)
         direct = asyncio.run(low_load_ttft(engines[1] + "/v1/chat/completions", args.probes))
         routed = asyncio.run(low_load_ttft(url, args.probes))
+        cold = cold_texts(args)
+        cold_direct = asyncio.run(cold_prompt_ttfts(engines[1] + "/v1/chat/completions", cold, "d"))
+        cold_routed = asyncio.run(cold_prompt_ttfts(url, cold, "r"))
         for e in engines:
             control(e, {"reset": True})
         idle_s = 1.0 if args.quick else IDLE_S
@@ -364,6 +397,7 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         if router is not None:
             stop_tree(router)
     result = summarize(turns, stats, direct, routed, cpu, failures, args)
+    result["added_ttft_cold_prompt_ms"] = added_on_cold_prompts(cold_direct, cold_routed)
     result["router_cpu_idle_ms_per_s"] = 1000 * idle
     result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
@@ -486,6 +520,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=None, help="new conversations per second")
     parser.add_argument("--think-s", type=float, default=1.5)
     parser.add_argument("--probes", type=int, default=20)
+    parser.add_argument(
+        "--cold-prompts", type=int, default=12, help="never-seen long prompts, one at a time"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
     parser.add_argument(
@@ -525,6 +562,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.system_words = (300, 900) if args.quick else (1000, 3000)
     if args.quick:
         args.probes = min(args.probes, 8)
+        args.cold_prompts = min(args.cold_prompts, 6)
     return args
 
 
@@ -571,6 +609,7 @@ ROWS = (
     ("cached share of prompt tokens", "cached_share", "{:.1%}"),
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
     ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),
+    ("added TTFT on a cold long prompt, ms", "added_ttft_cold_prompt_ms", "{:+.2f}"),
     ("TTFT p99 after e0 turns 300 ms slower, ms", "ttft_p99_after_slowdown_ms", "{:,.0f}"),
     (
         "  mean of new conversations' first turns, ms",

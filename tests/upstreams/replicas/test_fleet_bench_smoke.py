@@ -4,6 +4,7 @@ the workload, the slowdown, one tenant's failing requests, the JSON."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,13 +16,15 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     out = tmp_path / "fleet_http.json"
     argv = [sys.executable, os.path.join(ROOT, "bench", "fleet_http.py"), "--quick"]
     argv += ["--seconds", "6", "--replicas", "2", "--tenants", "3", "--rate", "1.5"]
-    argv += ["--probes", "3", "--only", "prefix_affinity,floor", "--out", str(out)]
+    argv += ["--probes", "3", "--cold-prompts", "2", "--only", "prefix_affinity,floor"]
+    argv += ["--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     variants = json.loads(out.read_text())["variants"]
     result = variants["prefix affinity"]
     assert result["requests"] > 0 and result["errors"] == 0
     assert 0.0 < result["cached_share"] <= 1.0
+    assert math.isfinite(result["added_ttft_cold_prompt_ms"])  # both targets answered them
     assert result["hand_overs"]["failed"] == 0  # the engines answer a one-token completion
     assert sum(result["served"].values()) == result["requests"]
     failures = result["tenant_failures"]
