@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._fields = 0
         self._rejected = False
         self._deferred: tuple[int, str, str] | None = None
-        self._open: list[tuple[Any, asyncio.Future]] = []  # requests and their disconnect
+        # Requests not yet answered and their disconnect, oldest first (pipelined requests are
+        # answered in order, so answered ones leave from the left: one read may hold thousands)
+        self._open: deque[tuple[Any, asyncio.Future]] = deque()
 
     # bytes in -----------------------------------------------------------------------------
 
@@ -185,7 +188,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
         extensions[DISCONNECT_EXTENSION] = {"future": gone}
         self.scope["extensions"] = extensions
         super().on_headers_complete()
-        self._open = [(c, f) for c, f in self._open if not c.response_complete]
+        while self._open and self._open[0][0].response_complete:
+            self._open.popleft()
         if self.cycle is not None and self.cycle.scope is self.scope:
             self._open.append((self.cycle, gone))
             # The request's task has not run yet: the writer is in its scope before it looks.
@@ -198,7 +202,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         for cycle, gone in self._open:
             if not cycle.response_complete and not gone.done():
                 gone.set_result(None)
-        self._open = []
+        self._open.clear()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
