@@ -108,6 +108,9 @@ class Settings(BaseModel):
         default=64 * 1024, ge=1024, description="request line and headers (431)"
     )
     max_headers: int = Field(default=100, ge=8, description="header fields per request (431)")
+    max_pipelined_requests: int = Field(
+        default=64, ge=1, description="requests waiting for their answers on one connection (429)"
+    )
     max_json_depth: int = Field(
         default=64, ge=4, le=200, description="nesting of the JSON body (400)"
     )

@@ -45,15 +45,22 @@ SERVER_TICK_S = 1.0
 
 @dataclass(frozen=True)
 class HeadLimits:
-    """Caps on one request head (request line and header fields); see `Settings`."""
+    """Caps on one request head (request line and header fields), and on the requests one
+    connection may have waiting for their answers; see `Settings`."""
 
     max_request_line_bytes: int = 8 * 1024
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
+    max_pipelined_requests: int = 64
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HeadLimits:
-        return cls(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_headers)
+        return cls(
+            settings.max_request_line_bytes,
+            settings.max_header_bytes,
+            settings.max_headers,
+            settings.max_pipelined_requests,
+        )
 
 
 class _Rejected(Exception):
@@ -73,7 +80,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
     line (`on_url`, called for every piece of the target) and count header fields exactly.
     A pipelined head that starts in the same read as the previous request's end is counted from
     the next read: it may pass the byte limit by that one read (at most 256 KiB), which costs
-    linear time only, and its field count is exact regardless.
+    linear time only, and its field count is exact regardless. At most `max_pipelined_requests`
+    requests of one connection wait for their answers: a head past that is refused (429) once
+    the answers before it are out, and the connection closes.
     """
 
     def __init__(
@@ -182,16 +191,27 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._heads_done += 1
+        open_requests = self._open
+        while open_requests and open_requests[0][0].response_complete:
+            open_requests.popleft()
+        if len(open_requests) >= self.limits.max_pipelined_requests:
+            # Each parsed request holds a few KB until answered, and one read may hold
+            # thousands: past the cap the rest of the connection is refused, after the
+            # answers it is owed.
+            raise _Rejected(
+                429,
+                f"More than {self.limits.max_pipelined_requests} pipelined requests wait on "
+                "one connection (FIRSTTOKEN_MAX_PIPELINED_REQUESTS).",
+                "too_many_pipelined_requests",
+            )
         # The request's disconnect, as a future (see gateway.boundary.client_watch).
         gone = self.loop.create_future()
         extensions: dict[str, dict[object, object]] = dict(self.scope.get("extensions") or {})
         extensions[DISCONNECT_EXTENSION] = {"future": gone}
         self.scope["extensions"] = extensions
         super().on_headers_complete()
-        while self._open and self._open[0][0].response_complete:
-            self._open.popleft()
         if self.cycle is not None and self.cycle.scope is self.scope:
-            self._open.append((self.cycle, gone))
+            open_requests.append((self.cycle, gone))
             # The request's task has not run yet: the writer is in its scope before it looks.
             extensions[DIRECT_BODY_EXTENSION] = {"writer": CycleBody(self.cycle)}
 

@@ -1,8 +1,11 @@
-"""One read full of pipelined requests costs the front door linear time.
+"""One read full of pipelined requests: bounded in the requests it holds, linear in its time.
 
-A client may send a whole read (up to 256 KiB) of tiny pipelined requests; the front door keeps
-each unanswered request with its disconnect future, and pruning that list by copying it on
-every new head made one read of 8,000 requests hold the event loop for ~20 s.
+A client may send a whole read (up to 256 KiB) of tiny pipelined requests. Each parsed request
+holds about 3 KB until it is answered (one read of 7,700 held 24 MB), so past
+`max_pipelined_requests` waiting on one connection the rest is refused. Where a deployment
+raises that cap, the front door still costs linear time: it keeps each unanswered request with
+its disconnect future, and pruning that list by copying it on every new head made one read of
+8,000 requests hold the event loop for ~20 s.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ async def _answers(scope: dict, receive: Any, send: Any) -> None:
 
 def test_a_read_of_pipelined_requests_costs_linear_time() -> None:
     async def feed() -> tuple[float, int]:
-        config = server_config(_answers, Settings(), host="127.0.0.1", port=1, log_level="warning")
+        settings = Settings(max_pipelined_requests=10_000)
+        config = server_config(_answers, settings, host="127.0.0.1", port=1, log_level="warning")
         config.load()
         protocol = config.http_protocol_class(  # type: ignore[call-arg]
             config=config, server_state=ServerState(), app_state={}
@@ -70,3 +74,60 @@ def test_a_read_of_pipelined_requests_costs_linear_time() -> None:
     spent, answered = asyncio.run(feed())
     assert spent < 2.0  # linear: ~0.2 s; copying the open list per head: ~20 s
     assert answered == 8000
+
+
+class _Recording(_Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        super().write(data)
+        self.written += data
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_pipelined_requests_past_the_cap_are_refused_after_the_answers_owed() -> None:
+    """8,000 requests in one read against a cap of 64: 64 are held and answered in order, the
+    65th gets one 429 naming the variable, and the connection closes; nothing past it is parsed
+    or answered."""
+    held: list[int] = []
+
+    async def slow_answer(scope: dict, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def feed() -> _Recording:
+        settings = Settings(max_pipelined_requests=64)
+        config = server_config(slow_answer, settings, host="127.0.0.1", port=1, log_level="warning")
+        config.load()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = _Recording()
+        protocol.connection_made(transport)
+        protocol.data_received(REQUEST * 8000)
+        held.append(len(protocol.pipeline) + 1)  # waiting, and the one being answered
+        for _ in range(100_000):
+            if transport.closed:
+                break
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport
+
+    transport = asyncio.run(feed())
+    assert held == [64]
+    written = bytes(transport.written)
+    assert transport.heads == 64
+    assert written.count(b"HTTP/1.1 ") == 65
+    refusal = written[written.index(b"HTTP/1.1 429 ") :]
+    assert b"too_many_pipelined_requests" in refusal
+    assert b"FIRSTTOKEN_MAX_PIPELINED_REQUESTS" in refusal
+    assert transport.closed
