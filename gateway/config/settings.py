@@ -111,6 +111,14 @@ class Settings(BaseModel):
     max_pipelined_requests: int = Field(
         default=64, ge=1, description="requests waiting for their answers on one connection (429)"
     )
+    client_head_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a client may take to begin, and then to send, a request head (408)",
+    )
+    client_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="seconds a request body may pause between two reads (408)"
+    )
     max_json_depth: int = Field(
         default=64, ge=4, le=200, description="nesting of the JSON body (400)"
     )

@@ -44,23 +44,32 @@ SERVER_TICK_S = 1.0
 
 
 @dataclass(frozen=True)
-class HeadLimits:
-    """Caps on one request head (request line and header fields), and on the requests one
-    connection may have waiting for their answers; see `Settings`."""
+class ClientLimits:
+    """Caps on one request head (request line and header fields), on the requests one
+    connection may have waiting for their answers, and on how long a client may take to send a
+    request; see `Settings`."""
 
     max_request_line_bytes: int = 8 * 1024
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     max_pipelined_requests: int = 64
+    head_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> HeadLimits:
+    def from_settings(cls, settings: Settings) -> ClientLimits:
         return cls(
             settings.max_request_line_bytes,
             settings.max_header_bytes,
             settings.max_headers,
             settings.max_pipelined_requests,
+            settings.client_head_timeout_s,
+            settings.client_body_timeout_s,
         )
+
+
+_HEAD = "head"
+_BODY = "body"
 
 
 class _Rejected(Exception):
@@ -83,6 +92,16 @@ class FrontDoorProtocol(HttpToolsProtocol):
     linear time only, and its field count is exact regardless. At most `max_pipelined_requests`
     requests of one connection wait for their answers: a head past that is refused (429) once
     the answers before it are out, and the connection closes.
+
+    uvicorn times out only the idle wait between requests, so a client that sends half a head
+    (or half a body) and then nothing held its connection, and the memory of what it sent,
+    forever: a few thousand such connections exhaust the process's file descriptors. Here a new
+    connection must begin its head within `head_timeout_s`, a head must arrive whole within
+    `head_timeout_s` of its first byte, and a body may pause at most `body_timeout_s` between
+    two reads (not while the server itself holds the body back: reading paused, or a
+    `100 Continue` not sent yet). Past either,
+    the client gets a 408 (a connection that sent nothing is just closed). One timer per
+    connection watches this, re-armed when it fires, so a request costs only the clock reads.
     """
 
     def __init__(
@@ -92,7 +111,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
         *,
-        limits: HeadLimits = HeadLimits(),
+        limits: ClientLimits = ClientLimits(),
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
@@ -104,11 +123,22 @@ class FrontDoorProtocol(HttpToolsProtocol):
         # Requests not yet answered and their disconnect, oldest first (pipelined requests are
         # answered in order, so answered ones leave from the left: one read may hold thousands)
         self._open: deque[tuple[Any, asyncio.Future]] = deque()
+        # What the server waits for from the client (_HEAD, _BODY or None) and since when
+        self._waiting: str | None = None
+        self._since = 0.0
+        self._clock: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._waiting, self._since = _HEAD, self.loop.time()
+        self._arm_clock(self._since + self.limits.head_timeout_s)
 
     # bytes in -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
+        if self._waiting is _BODY:
+            self._since = self.loop.time()
         if self._rejected:  # lingering after an error: drop what the client still sends
             return
         limit = self.limits.max_header_bytes
@@ -159,6 +189,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     # parser callbacks ---------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._waiting, self._since = _HEAD, self.loop.time()
+
     def on_url(self, url: bytes) -> None:
         # Called for each piece of the target; uvicorn joins them in self.url.
         target = len(self.url) + len(url)
@@ -191,6 +225,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._heads_done += 1
+        self._waiting, self._since = _BODY, self.loop.time()
         open_requests = self._open
         while open_requests and open_requests[0][0].response_complete:
             open_requests.popleft()
@@ -217,6 +252,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._clock is not None:
+            self._clock.cancel()
+            self._clock = None
         # Every request of this connection still being answered has lost its client (uvicorn
         # tells only the newest of pipelined requests).
         for cycle, gone in self._open:
@@ -226,6 +264,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._waiting = None
         # What follows on this connection is the next request's head.
         self._head_bytes = self._fields = 0
 
@@ -233,6 +272,64 @@ class FrontDoorProtocol(HttpToolsProtocol):
         # The request is served as plain HTTP; uvicorn's two warnings per request would let any
         # client flood the log.
         self.logger.debug("Unsupported upgrade request.")
+
+    # the client's clock -------------------------------------------------------------------
+
+    def _arm_clock(self, due: float) -> None:
+        self._clock = self.loop.call_at(due, self._clock_due)
+
+    def _clock_due(self) -> None:
+        self._clock = None
+        if self._rejected or self.transport is None or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        waiting = self._waiting
+        if waiting is None:  # between requests: uvicorn's keep-alive timeout closes it
+            self._arm_clock(now + self.limits.head_timeout_s)
+            return
+        if waiting is _BODY and self._body_held_back():
+            self._since = now
+        limit = self.limits.head_timeout_s if waiting is _HEAD else self.limits.body_timeout_s
+        if now < self._since + limit:
+            self._arm_clock(self._since + limit)
+            return
+        self._timed_out(waiting)
+
+    def _body_held_back(self) -> bool:
+        """The server, not the client, is why no body comes: reading is paused, or the client
+        waits for the `100 Continue` that the app's first read of the body sends."""
+        cycle = self.cycle
+        return self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
+
+    def _timed_out(self, waiting: str) -> None:
+        if waiting is _HEAD:
+            if self._head_bytes == 0 and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()  # nothing of a request came: nothing to answer
+                return
+            self._reject(
+                408,
+                f"The request head did not arrive whole within {self.limits.head_timeout_s:g} s "
+                "(FIRSTTOKEN_CLIENT_HEAD_TIMEOUT_S).",
+                "request_timeout",
+            )
+            return
+        cycle = self.cycle
+        self._rejected = True
+        if cycle is not None:
+            # Its app waits for the rest of the body: it reads a disconnect, and whatever it
+            # would still send is dropped.
+            started = cycle.response_started
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if started:
+                self.transport.close()
+                return
+        self._answer(
+            408,
+            f"The request body stalled: nothing of it for {self.limits.body_timeout_s:g} s "
+            "(FIRSTTOKEN_CLIENT_BODY_TIMEOUT_S).",
+            "request_timeout",
+        )
 
     # errors -------------------------------------------------------------------------------
 
@@ -332,7 +429,7 @@ def server_config(
     off unless asked for (the gateway serves none).
     """
     options.setdefault("ws", "none")
-    protocol = functools.partial(FrontDoorProtocol, limits=HeadLimits.from_settings(settings))
+    protocol = functools.partial(FrontDoorProtocol, limits=ClientLimits.from_settings(settings))
     # uvicorn calls `http` as a protocol factory; its annotation admits only a class.
     return uvicorn.Config(app, host=host, port=port, http=protocol, **options)  # type: ignore[arg-type]
 
