@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.config.settings import SettingsError, load_settings
-    from gateway.run.server import QuietServer, server_config
+    from gateway.run.server import QuietServer, raise_open_file_limit, server_config
 
     worker = args.worker_index is not None  # one of `--workers N` processes (gateway.run.workers)
     # Configured before the settings load, so that their start-up warnings are formatted too.
@@ -72,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVING_GC_THRESHOLDS)
+    raise_open_file_limit()
     config = server_config(
         app,
         settings,

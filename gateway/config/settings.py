@@ -119,6 +119,12 @@ class Settings(BaseModel):
     client_body_timeout_s: float = Field(
         default=60.0, gt=0, description="seconds a request body may pause between two reads (408)"
     )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="client connections held at once (503 past it); unset: half the "
+        "open-file limit",
+    )
     max_json_depth: int = Field(
         default=64, ge=4, le=200, description="nesting of the JSON body (400)"
     )

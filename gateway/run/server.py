@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import resource
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class ClientLimits:
     max_pipelined_requests: int = 64
     head_timeout_s: float = 30.0
     body_timeout_s: float = 60.0
+    max_connections: int = 4096
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ClientLimits:
@@ -65,7 +67,33 @@ class ClientLimits:
             settings.max_pipelined_requests,
             settings.client_head_timeout_s,
             settings.client_body_timeout_s,
+            settings.max_connections or default_max_connections(),
         )
+
+
+# Open files the process keeps for itself beyond connections (logs, pipes, the engine's files).
+_RESERVED_FILES = 64
+_MAX_OPEN_FILES = 1 << 20
+
+
+def raise_open_file_limit() -> None:
+    """Raise the soft open-file limit to the hard one, as Go's runtime does at start-up: a
+    soft limit of 1,024 (many systems' default) would cap a gateway at a few hundred streams."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = _MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, _MAX_OPEN_FILES)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def default_max_connections() -> int:
+    """Half the open files the process may have: a client's stream may need one upstream
+    connection beside its own, and the gateway must still reach its upstreams when clients
+    hold every connection they may."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = _MAX_OPEN_FILES
+    return max(1, (soft - _RESERVED_FILES) // 2)
 
 
 _HEAD = "head"
@@ -102,6 +130,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
     `100 Continue` not sent yet). Past either,
     the client gets a 408 (a connection that sent nothing is just closed). One timer per
     connection watches this, re-armed when it fires, so a request costs only the clock reads.
+    Past `max_connections` held at once, a new connection gets a 503 and is closed: the process
+    keeps the open files it needs to reach its upstreams.
     """
 
     def __init__(
@@ -130,6 +160,16 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._rejected = True
+            self._answer(
+                503,
+                f"The gateway holds as many client connections as it may "
+                f"({self.limits.max_connections}, FIRSTTOKEN_MAX_CONNECTIONS); try again.",
+                "too_many_connections",
+                linger=False,
+            )
+            return
         self._waiting, self._since = _HEAD, self.loop.time()
         self._arm_clock(self._since + self.limits.head_timeout_s)
 
@@ -354,10 +394,12 @@ class FrontDoorProtocol(HttpToolsProtocol):
             return
         self._answer(status, message, code)
 
-    def _answer(self, status: int, message: str, code: str) -> None:
-        """Write one JSON error and close the connection, gracefully."""
+    def _answer(self, status: int, message: str, code: str, *, linger: bool = True) -> None:
+        """Write one JSON error and close the connection, gracefully (`linger`: reading what
+        the client still sends for a while, so that it reads the error instead of a reset)."""
         self._deferred = None
-        body = orjson.dumps(error_body(message, "invalid_request_error", None, code))
+        kind = "service_unavailable" if status == 503 else "invalid_request_error"
+        body = orjson.dumps(error_body(message, kind, None, code))
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
@@ -374,7 +416,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(content))
         # Closing with unread input would reset the connection and could discard the answer
         # before the client reads it: half-close, drop what still arrives, close a bit later.
-        if self.transport.can_write_eof():
+        if linger and self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
         else:

@@ -6,6 +6,9 @@ the process's file descriptors. The front door gives a new connection `client_he
 begin its head and a head as long again from its first byte to its end; a body may pause at most
 `client_body_timeout_s` between two reads, unless the server itself has paused reading it.
 
+Past `max_connections` held at once a new connection is refused with a 503, so that clients
+cannot take the open files the gateway needs to reach its upstreams.
+
 The protocol runs here on a loop whose clock the test moves (`_SteppedClock`), so what is
 asserted does not depend on how fast a loaded machine runs the test; one test goes through a
 real gateway's socket to show the clock is wired into the served protocol.
@@ -16,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import resource
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -133,9 +139,11 @@ async def _reads_body(scope: dict, receive: Any, send: Any, seen: list[str]) -> 
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _connect(reading: asyncio.Event | None = None) -> _Client:
+def _connect(
+    reading: asyncio.Event | None = None, state: ServerState | None = None, **settings: Any
+) -> _Client:
     """A connection to a front door whose app reads the body at once, or once `reading` is
-    set."""
+    set (`state`: the server's, shared by its connections)."""
     loop = asyncio.get_running_loop()
     clock = _SteppedClock(loop)
     seen: list[str] = []
@@ -145,11 +153,11 @@ def _connect(reading: asyncio.Event | None = None) -> _Client:
             await reading.wait()
         await _reads_body(scope, receive, send, seen)
 
-    settings = Settings(client_head_timeout_s=HEAD_S, client_body_timeout_s=BODY_S)
-    config = server_config(app, settings, host="127.0.0.1", port=1, log_level="warning")
+    limits = Settings(client_head_timeout_s=HEAD_S, client_body_timeout_s=BODY_S, **settings)
+    config = server_config(app, limits, host="127.0.0.1", port=1, log_level="warning")
     config.load()
     protocol = config.http_protocol_class(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state={}, _loop=clock
+        config=config, server_state=state or ServerState(), app_state={}, _loop=clock
     )
     transport = _Transport()
     protocol.connection_made(transport)
@@ -283,3 +291,63 @@ def test_a_real_gateway_answers_half_a_head_with_408(mock_upstream, make_gateway
         answer = read_all(sock, time.monotonic() + 30)
     error = _error(answer)
     assert error["code"] == "request_timeout"
+
+
+def test_a_connection_past_the_cap_gets_a_503_and_is_closed() -> None:
+    async def run() -> None:
+        state = ServerState()
+        first = _connect(state=state, max_connections=2)
+        second = _connect(state=state, max_connections=2)
+        third = _connect(state=state, max_connections=2)
+        assert not first.transport.closed and not second.transport.closed
+        assert third.transport.closed
+        head, _, body = bytes(third.transport.written).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ")
+        error = orjson.loads(body)["error"]
+        assert error["code"] == "too_many_connections"
+        assert "FIRSTTOKEN_MAX_CONNECTIONS" in error["message"]
+        third.protocol.connection_lost(None)
+        first.protocol.connection_lost(None)
+        fourth = _connect(state=state, max_connections=2)  # one left: there is room again
+        assert not fourth.transport.closed
+        fourth.send(_body_head(2) + b"{}")
+        await _settle()
+        assert bytes(fourth.transport.written).startswith(b"HTTP/1.1 200 ")
+
+    asyncio.run(run())
+
+
+def test_the_default_cap_is_half_the_open_files_and_start_up_raises_them() -> None:
+    script = (
+        "import resource\n"
+        "from gateway.run.server import default_max_connections, raise_open_file_limit\n"
+        "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
+        "print(default_max_connections())\n"
+        "raise_open_file_limit()\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after = done.stdout.splitlines()
+    assert int(before) == (512 - 64) // 2
+    soft, hard = (int(v) for v in after.split())
+    assert soft == (1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20))
+
+
+def test_a_real_gateway_refuses_a_connection_past_its_cap(mock_upstream, make_gateway) -> None:
+    gw = make_gateway([openai_route(mock_upstream)], max_connections=2)
+    ask = b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n"
+    held = [socket.create_connection(("127.0.0.1", gw.port), timeout=30) for _ in range(2)]
+    try:
+        for sock in held:  # answered: each is a connection the gateway holds
+            sock.sendall(ask)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as extra:
+            answer = read_all(extra, time.monotonic() + 30)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert b"too_many_connections" in answer
+    finally:
+        for sock in held:
+            sock.close()
