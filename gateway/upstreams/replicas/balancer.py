@@ -13,7 +13,8 @@ Modes (`BalanceOptions.mode`):
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
       first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
-      follow-up:   cost(r) = [r not home] * turns * excess(r) + wait(r) + prefill * uncached(r)
+      follow-up:   cost(r) = [r not home] * (turns * excess(r) + evicted(r))
+                             + wait(r) + prefill * uncached(r)
 
       uncached(r) = the prompt's tokens that r likely does not hold (`PrefixIndex`)
       prefill     = ms per uncached token, fitted over the route's replicas
@@ -25,6 +26,10 @@ Modes (`BalanceOptions.mode`):
                     requests the server reports beyond the gateway's own, `others_waiting`);
                     each request holds a slot for service(r) ms, r's send-to-end time
                     (requests that found a slot free); 0 while a slot is free
+      evicted(r)  = prefill * (uncached(r) - uncached(home)) where r's cache is full (its
+                    index has no room): what a move recomputes on r that its home holds
+                    already pushes as much of other conversations' prefixes out of r, and
+                    they pay for it again on their next turns; a move costs its recompute twice
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
       home        = the replica the conversation's last turn went to (`ConversationHomes`,
@@ -35,14 +40,15 @@ Modes (`BalanceOptions.mode`):
 
   The rule in words: warm sessions stay, slow replicas shed new work. A follow-up turn stays
   at its home unless waiting for a slot there costs more than recomputing its uncached part
-  elsewhere; where it would land, it pays that replica's excess on every turn it will have (it
-  stays there from then on), so a follow-up that leaves a full replica never lands on the slow
-  one. A new conversation pays r's excess on every turn it will have (a slow replica stays
-  slow) but its wait once (a queue drains), against one recompute of its shared prefix
-  elsewhere: a replica that became slow stops getting new conversations at once, while its
-  warm ones stay until it actually queues. Each tenant's next conversation elsewhere would
-  recompute its shared prefix there; `hand_over_target` names where a warm conversation's
-  request may send that prefix first (`gateway.upstreams.replicas.hand_over`).
+  elsewhere (twice, where that evicts others' prefixes); where it would land, it pays that
+  replica's excess on every turn it will have (it stays there from then on), so a follow-up
+  that leaves a full replica never lands on the slow one. A new conversation pays r's excess
+  on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
+  against one recompute of its shared prefix elsewhere: a replica that became slow stops
+  getting new conversations at once, while its warm ones stay until it actually queues. Each
+  tenant's next conversation elsewhere would recompute its shared prefix there;
+  `hand_over_target` names where a warm conversation's request may send that prefix first
+  (`gateway.upstreams.replicas.hand_over`).
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
   noisy answers must not scatter a conversation over equal costs), then to the one sent that
   prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
@@ -250,18 +256,25 @@ class Balancer:
         home = next((r for r in healthy if r.name == known_home), None) or self._home(
             healthy, matches, recency
         )
+        home_uncached = None
+        if not first_turn and home is not None:
+            home_uncached = _uncached_tokens(chars, matches[healthy.index(home)])
         for r, matched, sent in zip(healthy, matches, recency, strict=True):
             # a follow-up pays no excess at its home (already paid: it stays), but moving it
             # onto a slower replica costs that replica's excess on every turn it will have
             # there (it stays there from then on), as a new conversation does
             stays = not first_turn and r is home
             excess = 0.0 if stays else excess_of[r.name]
-            cost = turns * excess + self.wait_ms(r) + prefill * _uncached_tokens(chars, matched)
+            uncached = _uncached_tokens(chars, matched)
+            cost = turns * excess + self.wait_ms(r) + prefill * uncached
+            pressure = r.index.pressure()
+            if home_uncached is not None and not stays and pressure[0] == 0:
+                cost += prefill * max(0.0, uncached - home_uncached)
             key = (
                 cost,
                 -matched,
                 -sent,
-                r.index.pressure(),
+                pressure,
                 self._busy(r),
                 _rendezvous(first, r.name),
             )

@@ -437,3 +437,23 @@ def test_a_prompt_nobody_holds_goes_to_the_roomier_cache_before_the_less_busy() 
     # holding part of the prompt still comes first
     a.index.add(OTHER[:2])
     assert balancer(a, b, roomy).choose(OTHER, 0.0).replica is a
+
+
+def test_a_follow_up_moving_into_a_full_cache_pays_its_recompute_twice() -> None:
+    # home holds the conversation; b holds nothing of it. Moving recomputes 1,024 tokens there
+    # (1,024 ms); into a full cache that pushes as much of others' prefixes out, which they
+    # recompute later: 2,048 ms in all, against the wait at home.
+    home = replica("home", holds=PROMPT, in_flight=16)  # 9 slot turns: 1,125 ms
+    roomy = replica("b")
+    b = balancer(home, roomy, **MS)
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is roomy  # 1,125 > 1,024
+    full = ReplicaState(name="b", index=PrefixIndex(max_bytes=16 * ENTRY_BYTES))
+    full.index.add(OTHER)
+    assert full.index.pressure()[0] == 0  # no room: whatever comes in evicts
+    b = balancer(home, full, **MS)
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is home  # 1,125 < 2,048
+    home.in_flight = 24  # 17 slot turns: 2,125 ms
+    assert b.choose(PROMPT, 0.0, first_turn=False).replica is full
+    # a first turn pays nothing for it: every replica but the holder recomputes it alike
+    home.in_flight = 16
+    assert b.choose(PROMPT, 0.0, first_turn=True).replica is full
