@@ -18,32 +18,9 @@ from uvicorn.server import ServerState
 
 from gateway.config.settings import Settings
 from gateway.run.server import server_config
+from tests.support.transport import FakeTransport
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n"
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.heads = 0  # response heads written
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 40000) if name in ("sockname", "peername") else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.heads += bytes(data).count(b"HTTP/1.1 200 ")
-
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 async def _answers(scope: dict, receive: Any, send: Any) -> None:
@@ -51,16 +28,22 @@ async def _answers(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
+def _connected(app: Any, max_pipelined_requests: int) -> tuple[Any, FakeTransport]:
+    """A front door's protocol, connected to a fake transport, on the running loop."""
+    settings = Settings(max_pipelined_requests=max_pipelined_requests)
+    config = server_config(app, settings, host="127.0.0.1", port=1, log_level="warning")
+    config.load()
+    protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}
+    )
+    transport = FakeTransport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
 def test_a_read_of_pipelined_requests_costs_linear_time() -> None:
     async def feed() -> tuple[float, int]:
-        settings = Settings(max_pipelined_requests=10_000)
-        config = server_config(_answers, settings, host="127.0.0.1", port=1, log_level="warning")
-        config.load()
-        protocol = config.http_protocol_class(  # type: ignore[call-arg]
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = _Transport()
-        protocol.connection_made(transport)
+        protocol, transport = _connected(_answers, 10_000)
         started = time.thread_time()  # this thread's CPU: other processes' load does not count
         protocol.data_received(REQUEST * 8000)  # 272,000 bytes, one read
         spent = time.thread_time() - started
@@ -76,23 +59,6 @@ def test_a_read_of_pipelined_requests_costs_linear_time() -> None:
     assert answered == 8000
 
 
-class _Recording(_Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        super().write(data)
-        self.written += data
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def test_pipelined_requests_past_the_cap_are_refused_after_the_answers_owed() -> None:
     """8,000 requests in one read against a cap of 64: 64 are held and answered in order, the
     65th gets one 429 naming the variable, and the connection closes; nothing past it is parsed
@@ -104,15 +70,8 @@ def test_pipelined_requests_past_the_cap_are_refused_after_the_answers_owed() ->
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    async def feed() -> _Recording:
-        settings = Settings(max_pipelined_requests=64)
-        config = server_config(slow_answer, settings, host="127.0.0.1", port=1, log_level="warning")
-        config.load()
-        protocol = config.http_protocol_class(  # type: ignore[call-arg]
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = _Recording()
-        protocol.connection_made(transport)
+    async def feed() -> FakeTransport:
+        protocol, transport = _connected(slow_answer, 64)
         protocol.data_received(REQUEST * 8000)
         held.append(len(protocol.pipeline) + 1)  # waiting, and the one being answered
         for _ in range(100_000):

@@ -35,6 +35,7 @@ from gateway.config.settings import Settings
 from gateway.run.server import server_config
 from tests.security.test_front_door import read_all
 from tests.support.gateway import openai_route
+from tests.support.transport import FakeTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,38 +85,10 @@ class _Handle:
         self._entry[0] = True
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 40000) if name in ("sockname", "peername") else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class _Client:
     """One connection to a front door on the stepped clock; `seen` is what its app received."""
 
-    def __init__(self, clock: _SteppedClock, protocol: Any, transport: _Transport) -> None:
+    def __init__(self, clock: _SteppedClock, protocol: Any, transport: FakeTransport) -> None:
         self.clock = clock
         self.protocol = protocol
         self.transport = transport
@@ -159,7 +132,7 @@ def _connect(
     protocol = config.http_protocol_class(  # type: ignore[call-arg]
         config=config, server_state=state or ServerState(), app_state={}, _loop=clock
     )
-    transport = _Transport()
+    transport = FakeTransport()
     protocol.connection_made(transport)
     client = _Client(clock, protocol, transport)
     client.seen = seen
