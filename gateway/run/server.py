@@ -127,9 +127,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
     connection must begin its head within `head_timeout_s`, a head must arrive whole within
     `head_timeout_s` of its first byte, and a body may pause at most `body_timeout_s` between
     two reads (not while the server itself holds the body back: reading paused, or a
-    `100 Continue` not sent yet). Past either,
-    the client gets a 408 (a connection that sent nothing is just closed). One timer per
-    connection watches this, re-armed when it fires, so a request costs only the clock reads.
+    `100 Continue` not sent yet). Past either, the client gets a 408 (a connection that sent
+    nothing is just closed). One timer per connection watches this, re-armed when it fires, so
+    a request costs only the clock reads.
     Past `max_connections` held at once, a new connection gets a 503 and is closed: the process
     keeps the open files it needs to reach its upstreams.
     """
@@ -167,6 +167,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
                 f"The gateway holds as many client connections as it may "
                 f"({self.limits.max_connections}, FIRSTTOKEN_MAX_CONNECTIONS); try again.",
                 "too_many_connections",
+                kind="service_unavailable",
                 linger=False,
             )
             return
@@ -394,11 +395,19 @@ class FrontDoorProtocol(HttpToolsProtocol):
             return
         self._answer(status, message, code)
 
-    def _answer(self, status: int, message: str, code: str, *, linger: bool = True) -> None:
-        """Write one JSON error and close the connection, gracefully (`linger`: reading what
-        the client still sends for a while, so that it reads the error instead of a reset)."""
+    def _answer(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        *,
+        kind: str = "invalid_request_error",
+        linger: bool = True,
+    ) -> None:
+        """Write one JSON error of type `kind` and close the connection, gracefully (`linger`:
+        reading what the client still sends for a while, so that it reads the error instead of
+        a reset)."""
         self._deferred = None
-        kind = "service_unavailable" if status == 503 else "invalid_request_error"
         body = orjson.dumps(error_body(message, kind, None, code))
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
