@@ -26,8 +26,9 @@ each prompt's TTFT through the router minus the same prompt's straight to an eng
 warm-up is such first turns, so this is what decides it between routers); e0's share of
 conversations that began in the 20 s after it; follow-up turns after the slowdown served by another
 replica than their previous turn; router CPU per 1,000 requests (user and system time of its
-process tree over the workload, idle time included) and while idle (read for 3 s before the
-workload, 1 s with `--quick`). After the prefix affinity run, one tenant sends 12 requests that
+process tree over the workload, idle time included), that figure over the bare relay's in the
+same invocation (the machine moves both), and while idle (read for 3 s before the workload, 1 s
+with `--quick`). After the prefix affinity run, one tenant sends 12 requests that
 fail (400s, 500s its own bodies cause) and `/readyz` must still show every replica healthy. With
 `--cpu-breakdown`, prefix affinity runs three more times after the others, with settings that
 switch parts of the gateway off (`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which
@@ -619,6 +620,7 @@ ROWS = (
     ("e0's share of new sessions, 20 s after", "slow_share_of_new_sessions", "{:.1%}"),
     ("warm follow-ups moved off their replica", "warm_follow_ups_moved", "{}"),
     ("router CPU per 1,000 requests, s", "router_cpu_s_per_1000", "{:.2f}"),
+    ("  times the bare relay's", "router_cpu_vs_bare_relay", "{:.2f}x"),
     ("router CPU while idle, ms per s", "router_cpu_idle_ms_per_s", "{:.1f}"),
     ("requests (errors)", "requests", "{}"),
 )
@@ -676,11 +678,12 @@ def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
             ("one tenant's failures leave every replica healthy", failures["all_healthy"], states)
         )
     cpu = ours["router_cpu_s_per_1000"]
+    ratio = ours.get("router_cpu_vs_bare_relay")
     out.append(
         (
             f"router CPU <= {TARGET_CPU_S_PER_1000:g} ms per request",
             cpu <= TARGET_CPU_S_PER_1000,
-            f"{cpu:.2f} ms",
+            f"{cpu:.2f} ms" + ("" if ratio is None else f" ({ratio:.2f}x the bare relay's)"),
         )
     )
     compiled = next((v.result for v in done if v.name == COMPILED), None)
@@ -696,14 +699,25 @@ def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
     return out
 
 
+def relative_to_floor(done: list[Variant]) -> None:
+    """Each router's CPU per request over the bare relay's in the same invocation. Both move
+    with the machine, together: over the full runs of 3-6 December the floor read 1.4-2.9 ms
+    per request and prefix affinity 3.2-6.1, their ratio 2.1-2.6 (sglang-router's 1.0-1.4),
+    so runs at different times compare by it."""
+    floor = next((v.result["router_cpu_s_per_1000"] for v in done if v.kind == "floor"), None)
+    for v in done:
+        cpu = v.result["router_cpu_s_per_1000"]
+        v.result["router_cpu_vs_bare_relay"] = cpu / floor if floor else None
+
+
 def print_table(done: list[Variant]) -> None:
     width = 44
     print(f"{'':<{width}}" + "".join(f"{v.name:>20}" for v in done))
     for label, key, fmt in ROWS:
         cells = []
         for v in done:
-            value = v.result[key]
-            cell = fmt.format(value)
+            value = v.result.get(key)
+            cell = "-" if value is None else fmt.format(value)
             if key == "requests":
                 cell += f" ({v.result['errors']})"
             cells.append(f"{cell:>20}")
@@ -742,6 +756,7 @@ def main() -> int:
             stop(proc)
         if built is not None:
             built.cleanup()
+    relative_to_floor(done)
     print_table(done)
     affinity = next(
         (v for v in done if v.balance == "prefix_affinity" and not v.env and v.root is None), None

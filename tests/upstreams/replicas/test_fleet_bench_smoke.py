@@ -39,6 +39,11 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     assert floor["requests"] > 1 and floor["errors"] == 0, floor
     assert all(floor["served"].values()) and sum(floor["served"].values()) == floor["requests"]
     assert floor["router_cpu_idle_ms_per_s"] >= 0 and floor["router_cpu_s_per_1000"] > 0
+    # each router's CPU is also read against the floor's in the same invocation
+    assert floor["router_cpu_vs_bare_relay"] == 1.0
+    ratio = result["router_cpu_s_per_1000"] / floor["router_cpu_s_per_1000"]
+    assert math.isclose(result["router_cpu_vs_bare_relay"], ratio)
+    assert "times the bare relay's" in proc.stdout and "x the bare relay's)" in proc.stdout
 
 
 def test_cpu_breakdown_runs_prefix_affinity_again_with_parts_switched_off(monkeypatch) -> None:
