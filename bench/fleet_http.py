@@ -18,9 +18,11 @@ for the CPU figure of any Python router on this machine), then sglang-router `ca
 `sglang_router` is installed (skipped with a message otherwise).
 
 Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99 after
-warm-up (35% of the run) and before the slowdown; added TTFT at low load (median of sequential
-short requests through the router minus straight to an engine); TTFT p99 after the slowdown, and
-the mean first turn of the conversations that began after it; added TTFT on a cold long prompt
+warm-up (35% of the run) and before the slowdown, and each router's TTFT minus sglang-router's
+on the same turns there (their median: what the router adds under load); added TTFT at low
+load (median of sequential short requests through the router minus straight to an engine);
+TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it;
+added TTFT on a cold long prompt
 (`--cold-prompts` never-seen system prompts of the tenants' lengths, one at a time: the median of
 each prompt's TTFT through the router minus the same prompt's straight to an engine; the p99 after
 warm-up is such first turns, so this is what decides it between routers); e0's share of
@@ -54,6 +56,7 @@ import collections
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -494,6 +497,10 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "served": {s_name: sum(1 for t in ok if t.engine == s_name) for s_name in _names(args)},
         "tenant_failures": failures,
         "moves_after_slowdown": moves[:40],
+        # (conversation, turn, TTFT ms) of the turns the p99 after warm-up is taken over
+        "warm_turns": [
+            (t.session, t.index, round(t.ttft_ms, 2)) for t in ok if warm <= t.started < slow
+        ],
         "slowest_after_slowdown": sorted(slowest, key=lambda x: -x[0])[
             :12
         ],  # ttft, on, was on, turn
@@ -609,6 +616,7 @@ BREAKDOWN = {
 ROWS = (
     ("cached share of prompt tokens", "cached_share", "{:.1%}"),
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
+    ("  vs sglang-router, same turns, median ms", "warm_ttft_minus_sglang_ms", "{:+.2f}"),
     ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),
     ("added TTFT on a cold long prompt, ms", "added_ttft_cold_prompt_ms", "{:+.2f}"),
     ("TTFT p99 after e0 turns 300 ms slower, ms", "ttft_p99_after_slowdown_ms", "{:,.0f}"),
@@ -710,6 +718,18 @@ def relative_to_floor(done: list[Variant]) -> None:
         v.result["router_cpu_vs_bare_relay"] = cpu / floor if floor else None
 
 
+def against_sglang_turns(done: list[Variant]) -> None:
+    """Each router's TTFT minus sglang-router's on the same turns after warm-up (the workload is
+    seeded: the same conversation's same turn), the median: what the router itself adds under
+    load, beside the p99, which a handful of cold first turns decide. None without a sglang run."""
+    theirs = next((v.result for v in done if v.kind == "sglang"), None)
+    other = {(s, i): ttft for s, i, ttft in theirs["warm_turns"]} if theirs else {}
+    for v in done:
+        diffs = [ttft - other[s, i] for s, i, ttft in v.result["warm_turns"] if (s, i) in other]
+        mine = diffs and v.kind != "sglang"
+        v.result["warm_ttft_minus_sglang_ms"] = statistics.median(diffs) if mine else None
+
+
 def print_table(done: list[Variant]) -> None:
     width = 44
     print(f"{'':<{width}}" + "".join(f"{v.name:>20}" for v in done))
@@ -757,6 +777,7 @@ def main() -> int:
         if built is not None:
             built.cleanup()
     relative_to_floor(done)
+    against_sglang_turns(done)
     print_table(done)
     affinity = next(
         (v for v in done if v.balance == "prefix_affinity" and not v.env and v.root is None), None

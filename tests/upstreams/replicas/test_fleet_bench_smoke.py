@@ -219,3 +219,30 @@ def test_the_fleet_engine_honours_stream_and_max_tokens() -> None:
         assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
     finally:
         stop(proc)
+
+
+def test_routers_are_compared_with_sglang_router_on_the_same_turns() -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    def ran(name: str, kind: str, turns: list, cpu: float) -> fleet_http.Variant:
+        variant = fleet_http.Variant(name, kind, "prefix_affinity" if kind == "gateway" else "")
+        variant.result = {"warm_turns": turns, "router_cpu_s_per_1000": cpu}
+        return variant
+
+    ours = ran("prefix affinity", "gateway", [(1, 0, 745.0), (1, 1, 42.0), (2, 0, 400.0)], 3.0)
+    floor = ran("bare Python relay", "floor", [(1, 0, 900.0), (7, 0, 50.0)], 1.5)
+    sglang = ran("sglang cache_aware", "sglang", [(1, 0, 744.0), (1, 1, 40.0), (2, 0, 403.0)], 2.0)
+    fleet_http.against_sglang_turns([ours, floor, sglang])
+    fleet_http.relative_to_floor([ours, floor, sglang])
+    assert ours.result["warm_ttft_minus_sglang_ms"] == 1.0  # median of +1, +2, -3
+    assert floor.result["warm_ttft_minus_sglang_ms"] == 156.0  # the one turn both served
+    assert sglang.result["warm_ttft_minus_sglang_ms"] is None
+    assert ours.result["router_cpu_vs_bare_relay"] == 2.0
+    assert sglang.result["router_cpu_vs_bare_relay"] == 2.0 / 1.5
+
+    alone = ran("prefix affinity", "gateway", [(1, 0, 745.0)], 3.0)
+    fleet_http.against_sglang_turns([alone])
+    fleet_http.relative_to_floor([alone])
+    assert alone.result["warm_ttft_minus_sglang_ms"] is None
+    assert alone.result["router_cpu_vs_bare_relay"] is None
