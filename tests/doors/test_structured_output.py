@@ -196,8 +196,7 @@ def test_on_the_responses_door_the_error_names_text_format(claude, make_gateway)
     assert not claude.mock.requests
 
 
-# -- structured-output libraries: instructor (in the test extra), dspy where installed (it brings
-# litellm along); neither is a dependency of the gateway -------------------------------------
+# -- structured-output libraries, where installed (neither is a dependency of the gateway) -----
 
 
 def test_instructor_json_schema_and_responses_tools_modes(claude, make_gateway):
