@@ -575,7 +575,14 @@ class ChatToResponsesStream(ChatStreamReader):
             fields = {**self._in_item(part), "part": dict(text_part)}
             events.append(self._event("response.content_part.done", fields))
         else:
-            fields = {"item_id": item["id"], "output_index": part, "arguments": item["arguments"]}
+            # `name` as well: the openai SDK's types for this event require it in 2.x and 3.0
+            # (a missing field fails them); later ones dropped it and take it as an extra.
+            fields = {
+                "item_id": item["id"],
+                "output_index": part,
+                "name": item["name"],
+                "arguments": item["arguments"],
+            }
             events.append(self._event("response.function_call_arguments.done", fields))
         events.append(self._event("response.output_item.done", self._at(part, dict(item))))
         return events

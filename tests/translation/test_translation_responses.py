@@ -510,6 +510,9 @@ def test_stream_event_order_and_sdk_accumulation():
     ]
     assert events[0][1]["response"]["status"] == "in_progress"
     assert events[0][1]["response"]["output"] == []
+    # the SDK's 2.x and 3.0 types require the call's name on its done event
+    done = dict(events)["response.function_call_arguments.done"]
+    assert (done["name"], done["arguments"]) == ("weather", '{"city": "Paris"}')
     response = accumulate(events)
     # The same answer, whole: the stream must end with what the whole translation builds.
     message = {
