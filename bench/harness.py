@@ -525,11 +525,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def compiled_copy(dest: str) -> str:
+def compiled_copy(dest: str, opt_level: str = "3") -> str:
     """A copy of this checkout in `dest` (its files that git tracks or would track, edits
     included) with the `policies` package compiled the way a compiled install builds it
-    (`FIRSTTOKEN_MYPYC=1`, `setup.py`): what `start_gateway(..., root=dest)` runs beside the
-    interpreted checkout. Needs a C compiler and mypy; about 30 s on two cores."""
+    (`FIRSTTOKEN_MYPYC=1`, `setup.py`, the C compiler at `opt_level`): what
+    `start_gateway(..., root=dest)` runs beside the interpreted checkout. Needs a C compiler
+    and mypy; about 30 s on two cores (20 s at `opt_level` 0)."""
     names = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -545,7 +546,7 @@ def compiled_copy(dest: str) -> str:
     build = subprocess.run(
         [sys.executable, "setup.py", "build_ext", "--inplace"],
         cwd=dest,
-        env={**os.environ, "FIRSTTOKEN_MYPYC": "1"},
+        env={**os.environ, "FIRSTTOKEN_MYPYC": "1", "FIRSTTOKEN_MYPYC_OPT": opt_level},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         timeout=900,

@@ -31,7 +31,11 @@ def make_gateway() -> Iterator[Callable[..., object]]:
 
     A local route's engine runs in float32 unless a test asks otherwise: these tests compare
     answers across batching and prefix-cache hits, which bf16 (the engine's default on CPUs
-    that have it) rounds differently; the engine's bf16 is tested in tests/engine."""
+    that have it) rounds differently; the engine's bf16 is tested in tests/engine.
+
+    No big-body worker processes unless a test asks for them (`big_body_workers`): each spawns
+    an interpreter that imports the gateway, a second or more of CPU per gateway, and the
+    gateway's stop waits for them; the tests of big bodies ask, the others never send one."""
     from gateway.config.settings import load_settings
     from tests.support.gateway import UPSTREAM_KEY_ENV, GatewayThread
 
@@ -40,6 +44,7 @@ def make_gateway() -> Iterator[Callable[..., object]]:
     def make(routes: list[dict], environ: dict | None = None, **settings) -> GatewayThread:
         env = {UPSTREAM_KEY_ENV: "sk-upstream-secret", **(environ or {})}
         settings.setdefault("engine_dtype", "float32")
+        settings.setdefault("big_body_workers", 0)
         gw = GatewayThread(
             load_settings(environ=env, routes=orjson.dumps(routes).decode(), **settings)
         )

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.timeout(900)
 def test_the_policies_compile_and_pass_their_tests_compiled(tmp_path):
-    copy = Path(compiled_copy(str(tmp_path / "copy")))
+    # unoptimised C: what is tested is that it compiles and behaves, not how fast it runs
+    copy = Path(compiled_copy(str(tmp_path / "copy"), opt_level="0"))
     compiled = sorted(path.name.split(".")[0] for path in (copy / "policies").glob("*.so"))
     interpreted = {"config"}
     expected = sorted(

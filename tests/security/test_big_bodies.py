@@ -36,7 +36,9 @@ def chat(content: str = "hi", **extra) -> dict:
 
 @pytest.fixture
 def big_gateway(mock_upstream, make_gateway, tenant_settings):
-    return make_gateway([openai_route(mock_upstream)], big_body_bytes=BIG, **tenant_settings)
+    return make_gateway(
+        [openai_route(mock_upstream)], big_body_bytes=BIG, big_body_workers=2, **tenant_settings
+    )
 
 
 def test_a_big_body_gets_the_same_policies_and_answer(big_gateway, mock_upstream):
@@ -204,7 +206,9 @@ def test_a_policy_header_is_honoured_in_the_worker(big_gateway, mock_upstream):
 
 def test_other_route_kinds_keep_big_bodies_in_process(mock_upstream, make_gateway):
     gw = make_gateway(
-        [openai_route(mock_upstream), anthropic_route(mock_upstream)], big_body_bytes=BIG
+        [openai_route(mock_upstream), anthropic_route(mock_upstream)],
+        big_body_bytes=BIG,
+        big_body_workers=2,
     )
     r = httpx.post(
         gw.url + "/v1/chat/completions", json={**chat(), "model": "claude-3-5-haiku"}, timeout=60

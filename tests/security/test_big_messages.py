@@ -36,6 +36,7 @@ def gateway(make_gateway, mock_upstream, tenant_settings):
     gw = make_gateway(
         [openai_route(mock_upstream), anthropic_route(mock_upstream)],
         big_body_bytes=BIG,
+        big_body_workers=2,
         **tenant_settings,
     )
     gw.wait_ready()

@@ -83,7 +83,10 @@ def test_client_kv_fields_never_reach_the_upstream(
 
 def test_big_chat_bodies_lose_them_in_the_worker_too(make_gateway, mock_upstream):
     gw = make_gateway(
-        [openai_route(mock_upstream)], big_body_bytes=64 * 1024, policy_thread_min_bytes=1024
+        [openai_route(mock_upstream)],
+        big_body_bytes=64 * 1024,
+        big_body_workers=2,
+        policy_thread_min_bytes=1024,
     )
     gw.wait_ready()
     big = {**CHAT, "messages": [{"role": "user", "content": "x " * 100_000}], **PLANTED}
