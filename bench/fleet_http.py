@@ -191,7 +191,9 @@ async def run_workload(
                 ttft, engine, answer = None, None, ""
             turns.append(Turn(i, k, started, ttft, engine, tenant))
             messages.append({"role": "assistant", "content": answer or "ok"})
-            await asyncio.sleep(workload.think_s[i][k])
+            # past the deadline the next turn would not start: no need to wait for it
+            think = min(workload.think_s[i][k], deadline - time.perf_counter())
+            await asyncio.sleep(max(0.0, think))
 
     async def watch_costs() -> None:  # the gateway's cost terms each second after the slowdown
         await slowed.wait()
