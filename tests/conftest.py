@@ -35,7 +35,8 @@ def make_gateway() -> Iterator[Callable[..., object]]:
 
     No big-body worker processes unless a test asks for them (`big_body_workers`): each spawns
     an interpreter that imports the gateway, a second or more of CPU per gateway, and the
-    gateway's stop waits for them; the tests of big bodies ask, the others never send one."""
+    gateway's stop waits for them. Without them a big body is parsed in the gateway's process,
+    as on routes of other kinds; the tests of the worker path ask for two."""
     from gateway.config.settings import load_settings
     from tests.support.gateway import UPSTREAM_KEY_ENV, GatewayThread
 
