@@ -22,10 +22,10 @@ warm-up (35% of the run) and before the slowdown, and each router's TTFT minus s
 on the same turns there (their median: what the router adds under load); added TTFT at low
 load (median of sequential short requests through the router minus straight to an engine);
 TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it;
-added TTFT on a cold long prompt
-(`--cold-prompts` never-seen system prompts of the tenants' lengths, one at a time: the median of
-each prompt's TTFT through the router minus the same prompt's straight to an engine; the p99 after
-warm-up is such first turns, so this is what decides it between routers); e0's share of
+added TTFT on a cold long prompt (`--cold-prompts` never-seen system prompts of the tenants'
+lengths, one at a time: the median of each prompt's TTFT through the router minus the same
+prompt's straight to an engine; the p99 after warm-up is such first turns, so this is what
+decides it between routers); e0's share of
 conversations that began in the 20 s after it; follow-up turns after the slowdown served by another
 replica than their previous turn; router CPU per 1,000 requests (user and system time of its
 process tree over the workload, idle time included), that figure over the bare relay's in the

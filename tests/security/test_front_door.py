@@ -43,25 +43,19 @@ def assert_openai_error(
     return error
 
 
-def exchange(port: int, data: bytes, timeout: float = 20.0) -> bytes:
-    """Send raw bytes, then read until the server closes (or `timeout`)."""
+def exchange(port: int, data: bytes, timeout: float = 20.0, one_answer: bool = False) -> bytes:
+    """Send raw bytes, then read until the server closes (or `timeout`); with `one_answer`,
+    until one whole answer is in: one the server keeps the connection open after, which
+    reading until it closes would wait out its keep-alive time for."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         try:
             sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused early; the answer is already on its way
-        return read_all(sock, time.monotonic() + timeout)
+        return read_all(sock, time.monotonic() + timeout, one_answer)
 
 
-def exchange_one(port: int, data: bytes, timeout: float = 20.0) -> bytes:
-    """Send raw bytes, then read one whole answer: one the server keeps the connection open
-    after, which reading until it closes would wait out its keep-alive time for."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(data)
-        return read_all(sock, time.monotonic() + timeout, until_one_answer=True)
-
-
-def read_all(sock: socket.socket, deadline: float, until_one_answer: bool = False) -> bytes:
+def read_all(sock: socket.socket, deadline: float, one_answer: bool = False) -> bytes:
     out = b""
     while time.monotonic() < deadline:
         try:
@@ -73,7 +67,7 @@ def read_all(sock: socket.socket, deadline: float, until_one_answer: bool = Fals
         if not chunk:
             break
         out += chunk
-        if until_one_answer and holds_one_answer(out):
+        if one_answer and holds_one_answer(out):
             break
     return out
 
@@ -121,7 +115,7 @@ def test_too_many_header_fields_is_431(gateway):
     )
     # 99 fields plus host is within the default of 100.
     fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(99))
-    assert parse_response(exchange_one(gateway.port, get_with(extra=fields)))[0] == 200
+    assert parse_response(exchange(gateway.port, get_with(extra=fields), one_answer=True))[0] == 200
 
 
 def test_header_bytes_over_limit_is_431(gateway):
@@ -145,7 +139,9 @@ def test_head_limits_follow_settings(mock_upstream, make_gateway):
         max_request_line_bytes=512,
     )
     assert (
-        parse_response(exchange_one(gw.port, get_with(extra=b"x-a: " + b"a" * 1500 + b"\r\n")))[0]
+        parse_response(
+            exchange(gw.port, get_with(extra=b"x-a: " + b"a" * 1500 + b"\r\n"), one_answer=True)
+        )[0]
         == 200
     )
     assert (
@@ -154,7 +150,10 @@ def test_head_limits_follow_settings(mock_upstream, make_gateway):
     )
     fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(10))
     assert parse_response(exchange(gw.port, get_with(extra=fields)))[0] == 431
-    assert parse_response(exchange_one(gw.port, get_with("/healthz?" + "q" * 400)))[0] == 200
+    assert (
+        parse_response(exchange(gw.port, get_with("/healthz?" + "q" * 400), one_answer=True))[0]
+        == 200
+    )
     assert parse_response(exchange(gw.port, get_with("/healthz?" + "q" * 600)))[0] == 414
 
 
