@@ -52,13 +52,6 @@ class Engine:
             "errors": 0,
         }
 
-    def _blocks(self, words: list[str]) -> list[int]:
-        out, h = [], 0
-        for start in range(0, len(words) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-            h = hash((h, *words[start : start + BLOCK_TOKENS]))
-            out.append(h)
-        return out
-
     def _lookup(self, blocks: list[int]) -> int:
         n = 0
         for block in blocks:
@@ -81,7 +74,7 @@ class Engine:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages is required")
-        text = " ".join(f"<{m.get('role')}> {m.get('content', '')}" for m in messages)
+        text = prompt_text(messages)
         if "POISON" in text:
             self.stats["errors"] += 1
             return _error(500, "the prompt failed validation")
@@ -107,7 +100,7 @@ class Engine:
         system_words: int,
         shape: tuple[bool, int],
     ) -> web.StreamResponse:
-        blocks = self._blocks(words)
+        blocks = block_chain(words)
         self.held_blocks += len(blocks)
         try:
             return await self._stream(request, words, blocks, system_words, *shape)
@@ -141,12 +134,11 @@ class Engine:
         created = int(time.time())
         if not stream:
             await asyncio.sleep(self.gap_s * max(0, chunks - 1))
-            text = " ".join([self.name, *(f"tok{i}" for i in range(1, chunks))][:chunks])
+            text = "".join(answer_chunks(self.name, chunks)).rstrip()
             return web.json_response(_completion(created, text, usage))
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(chunks):
-            content = f"{self.name} " if i == 0 else f"tok{i} "
+        for content in answer_chunks(self.name, chunks):
             await resp.write(_chunk(created, {"content": content}, None))
             await asyncio.sleep(self.gap_s)
         await resp.write(_chunk(created, {}, "stop", usage))
@@ -182,6 +174,27 @@ class Engine:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+
+def prompt_text(messages: list[dict]) -> str:
+    """The prompt as this engine reads it: each message opened by its role. Its tokens are its
+    words (`.split()`; `bench/fleet_http.py` replays prompts with it)."""
+    return " ".join(f"<{m.get('role')}> {m.get('content', '')}" for m in messages)
+
+
+def block_chain(words: list[str]) -> list[int]:
+    """The prompt's whole 16-token blocks, each hash covering every block before it."""
+    out, h = [], 0
+    for start in range(0, len(words) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+        h = hash((h, *words[start : start + BLOCK_TOKENS]))
+        out.append(h)
+    return out
+
+
+def answer_chunks(name: str, chunks: int) -> list[str]:
+    """The content of an answer of `chunks` tokens from engine `name`: the name first, so that
+    a client tells where its request landed from the answer itself."""
+    return [f"{name} " if i == 0 else f"tok{i} " for i in range(chunks)]
 
 
 def _chunk(created: int, delta: dict, finish: str | None, usage: dict | None = None) -> bytes:

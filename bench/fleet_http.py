@@ -17,10 +17,13 @@ HTTP client, taking the engines in turn: no parsing, policies, telemetry or choi
 for the CPU figure of any Python router on this machine), then sglang-router `cache_aware` if
 `sglang_router` is installed (skipped with a message otherwise).
 
-Figures: cached share of prompt tokens (the engines' own counts, over the run); TTFT p99 after
-warm-up (35% of the run) and before the slowdown, and each router's TTFT minus sglang-router's
-on the same turns there (their median: what the router adds under load); added TTFT at low
-load (median of sequential short requests through the router minus straight to an engine);
+Figures: cached share of prompt tokens (the engines' own counts, over the run), and the share
+the same turns would have had on caches that never evict, on the engines the router chose and
+with every tenant on one engine (the workload's ceiling: between the three, what the router's
+placement costs and what evictions cost); TTFT p99 after warm-up (35% of the run) and before
+the slowdown, and each router's TTFT minus sglang-router's on the same turns there (their
+median: what the router adds under load); added TTFT at low load (median of sequential short
+requests through the router minus straight to an engine);
 TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it;
 added TTFT on a cold long prompt (`--cold-prompts` never-seen system prompts of the tenants'
 lengths, one at a time: the median of each prompt's TTFT through the router minus the same
@@ -69,6 +72,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.fleet_engine import BLOCK_TOKENS, answer_chunks, block_chain, prompt_text
 from bench.harness import (
     ROOT,
     compiled_copy,
@@ -93,6 +97,7 @@ TARGET_SLOW_SHARE = 0.10
 TARGET_WARM_MOVED = 2
 TARGET_CPU_S_PER_1000 = 2.5
 WORDS = [f"w{i}" for i in range(5000)]
+ANSWER_TOKENS = 16  # each turn's max_tokens: the engines answer that many content chunks
 
 
 @dataclass
@@ -139,7 +144,7 @@ async def stream_chat(
     """(TTFT ms, the engine that answered, the answer) of one streamed chat request."""
     sent = time.perf_counter()
     ttft, engine, parts = None, None, []
-    body = {"model": "m", "messages": messages, "stream": True, "max_tokens": 16}
+    body = {"model": "m", "messages": messages, "stream": True, "max_tokens": ANSWER_TOKENS}
     async with http.post(url, json=body) as resp:
         if resp.status != 200:
             await resp.read()
@@ -406,6 +411,10 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
     result["added_ttft_cold_prompt_ms"] = added_on_cold_prompts(cold_direct, cold_routed)
     result["router_cpu_idle_ms_per_s"] = 1000 * idle
     result["cached_share_by_phase"] = cached_by_phase(stats, at_slowdown)
+    ceilings = cache_ceilings(turns, workload, slow_at=0.6 * args.seconds)
+    result["cached_share_unbounded_placement"] = ceilings.pop("placement")
+    result["cached_share_ceiling"] = ceilings.pop("one_engine_per_tenant")
+    result["cached_share_unbounded_placement_by_phase"] = ceilings
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
     result["costs_after_slowdown"] = costs
     result["hand_overs"] = hand_overs
@@ -430,6 +439,64 @@ def engines_per_tenant(turns: list[Turn], args) -> dict:
                 seen.setdefault(t.tenant, set()).add(t.engine)
         out[phase] = round(sum(map(len, seen.values())) / len(seen), 2) if seen else None
     return out
+
+
+def cache_ceilings(
+    turns: list[Turn], workload: Workload, slow_at: float = float("inf")
+) -> dict[str, float | None]:
+    """The cached share this run's turns would have had if no engine ever evicted a block:
+    `placement`, on the engines the router sent each turn to (what its placement alone allows:
+    the rest of the gap to the measured share is evictions, with the few turns that came while
+    their prefix was still being computed), also before and after `slow_at` (s);
+    `one_engine_per_tenant`, with every conversation of a tenant on one engine (the workload's
+    own ceiling, a prompt's first sight the only miss: the same for every router, but for which
+    turns started before the deadline). Each turn replayed as the engine read it
+    (`fleet_engine.prompt_text`, earlier answers as the engine that gave them wrote them), in
+    the order the turns started; a failed turn is left out, and so are requests that are not
+    the workload's turns (prefix hand-overs)."""
+    answers = {(t.session, t.index): t.engine for t in turns}
+    ordered = sorted((t for t in turns if t.engine), key=lambda t: t.started)
+    held: dict[str, set[int]] = collections.defaultdict(set)
+    seen: set[int] = set()
+    # per phase: [prompt tokens, cached with this placement, cached with a tenant per engine]
+    sums = {"before": [0, 0, 0], "after": [0, 0, 0]}
+    for t in ordered:
+        _, tenant, users = workload.sessions[t.session]
+        messages = [{"role": "system", "content": workload.systems[tenant]}]
+        for k in range(t.index):
+            engine = answers.get((t.session, k))
+            answer = "".join(answer_chunks(engine, ANSWER_TOKENS)) if engine else "ok"
+            messages += [
+                {"role": "user", "content": users[k]},
+                {"role": "assistant", "content": answer},
+            ]
+        messages.append({"role": "user", "content": users[t.index]})
+        words = prompt_text(messages).split()
+        blocks = block_chain(words)
+        phase = sums["before" if t.started < slow_at else "after"]
+        phase[0] += len(words)
+        phase[1] += _held_blocks(blocks, held[t.engine]) * BLOCK_TOKENS
+        phase[2] += _held_blocks(blocks, seen) * BLOCK_TOKENS
+        held[t.engine].update(blocks)
+        seen.update(blocks)
+    prompt, placed, ceiling = (a + b for a, b in zip(sums["before"], sums["after"], strict=True))
+    return {
+        "placement": placed / prompt if prompt else None,
+        "one_engine_per_tenant": ceiling / prompt if prompt else None,
+        **{
+            f"placement_{name}": cached / tokens if tokens else None
+            for name, (tokens, cached, _) in sums.items()
+        },
+    }
+
+
+def _held_blocks(blocks: list[int], held: set[int]) -> int:
+    n = 0
+    for block in blocks:
+        if block not in held:
+            break
+        n += 1
+    return n
 
 
 def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:
@@ -617,6 +684,8 @@ BREAKDOWN = {
 
 ROWS = (
     ("cached share of prompt tokens", "cached_share", "{:.1%}"),
+    ("  if no cache evicted, this placement", "cached_share_unbounded_placement", "{:.1%}"),
+    ("  if no cache evicted, a tenant per engine", "cached_share_ceiling", "{:.1%}"),
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
     ("  vs sglang-router, same turns, median ms", "warm_ttft_minus_sglang_ms", "{:+.2f}"),
     ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),

@@ -24,12 +24,15 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     result = variants["prefix affinity"]
     assert result["requests"] > 0 and result["errors"] == 0
     assert 0.0 < result["cached_share"] <= 1.0
+    # the same turns replayed on caches that never evict: a tenant per engine holds the most
+    assert 0.0 < result["cached_share_unbounded_placement"] <= result["cached_share_ceiling"] < 1
     assert math.isfinite(result["added_ttft_cold_prompt_ms"])  # both targets answered them
     assert result["hand_overs"]["failed"] == 0  # the engines answer a one-token completion
     assert sum(result["served"].values()) == result["requests"]
     failures = result["tenant_failures"]
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
     assert "cached share of prompt tokens" in proc.stdout
+    assert "if no cache evicted, a tenant per engine" in proc.stdout
     judged = {t["target"]: t["met"] for t in json.loads(out.read_text())["targets"]}
     assert judged["warm follow-ups moved <= 2"] in (True, False)
     assert judged["one tenant's failures leave every replica healthy"] is True
@@ -246,3 +249,32 @@ def test_routers_are_compared_with_sglang_router_on_the_same_turns() -> None:
     fleet_http.relative_to_floor([alone])
     assert alone.result["warm_ttft_minus_sglang_ms"] is None
     assert alone.result["router_cpu_vs_bare_relay"] is None
+
+
+def test_cache_ceilings_replay_the_turns_where_they_went() -> None:
+    sys.path.insert(0, ROOT)
+    from bench.fleet_http import WORDS, Turn, Workload, cache_ceilings
+
+    # one tenant, a 102-word system prompt ("<system> tenant0" and 100 words): a first turn of
+    # 105 words (6 whole blocks, all of them system prompt), its follow-up 125 words (the answer
+    # is the engine's name and 15 tokens), a second conversation's first turn 105 words again
+    system = "tenant0 " + " ".join(WORDS[:100])
+    workload = Workload(
+        [system], [(0.0, 0, ["hi there"] * 2), (1.0, 0, ["bye now"])], [[0.0] * 2, [0.0]]
+    )
+    first, follow_up = Turn(0, 0, 0.0, 1.0, "e0", 0), Turn(0, 1, 0.5, 1.0, "e0", 0)
+    prompt = 105 + 125 + 105
+
+    together = cache_ceilings([first, follow_up, Turn(1, 0, 1.0, 1.0, "e0", 0)], workload)
+    # the follow-up finds its first turn's 6 blocks, the second conversation the system prompt's
+    assert together["placement"] == together["one_engine_per_tenant"] == 192 / prompt
+
+    apart = cache_ceilings([first, follow_up, Turn(1, 0, 1.0, 1.0, "e1", 0)], workload)
+    # on another engine the second conversation computes the system prompt again
+    assert (apart["placement"], apart["one_engine_per_tenant"]) == (96 / prompt, 192 / prompt)
+    # by phase: the second conversation started at 1.0 s, after a slowdown at 0.8 s
+    phases = cache_ceilings([first, follow_up, Turn(1, 0, 1.0, 1.0, "e1", 0)], workload, 0.8)
+    assert (phases["placement_before"], phases["placement_after"]) == (96 / 230, 0.0)
+
+    failed = cache_ceilings([first, follow_up, Turn(1, 0, 1.0, None, None, 0)], workload)
+    assert failed["placement"] == 96 / (105 + 125)  # a failed turn is not counted
