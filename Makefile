@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: run test test-instructor lint format venv clean
+.PHONY: run test test-clients lint format venv clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -28,20 +28,21 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest $(ARGS)
 
-# The doors and translation tests again, in a venv of their own with `instructor` installed, so
-# that its structured-output test runs (it skips in `make test`): instructor caps jiter below
-# 0.15, which holds openai at 3.3.0 there, so these also run the doors against an older SDK than
-# the main suite's newest. CI runs it after `make test`.
-INSTRUCTOR_VENV := .venv-instructor
+# The doors and translation tests again, in a venv of their own with the structured-output client
+# libraries installed, so that their tests run (they skip in `make test`): instructor caps jiter
+# below 0.15, which holds openai at 3.3.0 there, and dspy brings litellm, neither of which the
+# suite's venv should carry; so these also run the doors against an older SDK than the main
+# suite's newest. CI runs it after `make test`.
+CLIENTS_VENV := .venv-clients
 
-$(INSTRUCTOR_VENV)/.installed: pyproject.toml
-	$(PY) -m venv $(INSTRUCTOR_VENV)
-	$(INSTRUCTOR_VENV)/bin/pip install -q --upgrade pip
-	$(INSTRUCTOR_VENV)/bin/pip install -q -e ".[test]" instructor
+$(CLIENTS_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q --upgrade pip
+	$(CLIENTS_VENV)/bin/pip install -q -e ".[test]" instructor dspy
 	touch $@
 
-test-instructor: $(INSTRUCTOR_VENV)/.installed
-	$(INSTRUCTOR_VENV)/bin/python -m pytest tests/doors tests/translation $(ARGS)
+test-clients: $(CLIENTS_VENV)/.installed
+	$(CLIENTS_VENV)/bin/python -m pytest tests/doors tests/translation $(ARGS)
 
 # Zero findings is the bar; every ignore carries a comment that says why.
 lint: venv
@@ -56,4 +57,4 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache
