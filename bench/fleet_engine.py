@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Container
 
 import orjson
 from aiohttp import web
@@ -51,14 +52,6 @@ class Engine:
             "uncached_system_tokens": 0,
             "errors": 0,
         }
-
-    def _lookup(self, blocks: list[int]) -> int:
-        n = 0
-        for block in blocks:
-            if block not in self.cache:
-                break
-            n += 1
-        return n
 
     def _insert(self, blocks: list[int]) -> None:
         for block in reversed(blocks):
@@ -117,7 +110,7 @@ class Engine:
         chunks: int | None = None,
     ) -> web.StreamResponse:
         chunks = self.chunks if chunks is None else min(self.chunks, chunks)
-        cached = self._lookup(blocks) * BLOCK_TOKENS
+        cached = held_prefix(blocks, self.cache) * BLOCK_TOKENS
         self.stats["uncached_system_tokens"] += max(0, system_words - cached)
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += len(words)
@@ -189,6 +182,17 @@ def block_chain(words: list[str]) -> list[int]:
         h = hash((h, *words[start : start + BLOCK_TOKENS]))
         out.append(h)
     return out
+
+
+def held_prefix(blocks: list[int], held: Container[int]) -> int:
+    """How many of `blocks` a cache holding `held` serves: the leading ones, up to the first
+    it lacks (a block's hash covers everything before it, so nothing after a miss can hit)."""
+    n = 0
+    for block in blocks:
+        if block not in held:
+            break
+        n += 1
+    return n
 
 
 def answer_chunks(name: str, chunks: int) -> list[str]:

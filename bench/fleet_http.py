@@ -72,7 +72,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.fleet_engine import BLOCK_TOKENS, answer_chunks, block_chain, prompt_text
+from bench.fleet_engine import BLOCK_TOKENS, answer_chunks, block_chain, held_prefix, prompt_text
 from bench.harness import (
     ROOT,
     compiled_copy,
@@ -475,8 +475,8 @@ def cache_ceilings(
         blocks = block_chain(words)
         phase = sums["before" if t.started < slow_at else "after"]
         phase[0] += len(words)
-        phase[1] += _held_blocks(blocks, held[t.engine]) * BLOCK_TOKENS
-        phase[2] += _held_blocks(blocks, seen) * BLOCK_TOKENS
+        phase[1] += held_prefix(blocks, held[t.engine]) * BLOCK_TOKENS
+        phase[2] += held_prefix(blocks, seen) * BLOCK_TOKENS
         held[t.engine].update(blocks)
         seen.update(blocks)
     prompt, placed, ceiling = (a + b for a, b in zip(sums["before"], sums["after"], strict=True))
@@ -488,15 +488,6 @@ def cache_ceilings(
             for name, (tokens, cached, _) in sums.items()
         },
     }
-
-
-def _held_blocks(blocks: list[int], held: set[int]) -> int:
-    n = 0
-    for block in blocks:
-        if block not in held:
-            break
-        n += 1
-    return n
 
 
 def cached_by_phase(stats: list[dict], at_slowdown: list[dict]) -> dict:

@@ -328,9 +328,8 @@ def test_prometheus_reads_a_pd_route_per_server_and_per_step(pools, make_gateway
 
 def test_a_big_body_parsed_in_a_worker_process_is_disaggregated_too(pools, make_gateway):
     p = pools()
-    gw = make_gateway(
-        [p.route()], big_body_bytes=512, big_body_workers=2
-    )  # SYSTEM alone is past 512 bytes
+    # SYSTEM alone is past 512 bytes
+    gw = make_gateway([p.route()], big_body_bytes=512, big_body_workers=2)
     gw.wait_ready()
     assert chat(sdk_client(gw)) == ANSWER
     assert p.violations() == []
