@@ -14,8 +14,10 @@ slot included). The variants run one after another on the same engines, reset in
 round robin, least loaded and prefix affinity (the gateway, one real process, with
 `load_metrics: vllm`), a bare Python relay (`bench/minimal_passthrough.py` with the gateway's
 HTTP client, taking the engines in turn: no parsing, policies, telemetry or choice, the floor
-for the CPU figure of any Python router on this machine), then sglang-router `cache_aware` if
-`sglang_router` is installed (skipped with a message otherwise).
+for the CPU figure of any Python router on this machine), nginx relaying the same way if it is
+installed (`bench/native_relay.py`: the floor for a router that is not Python), then
+sglang-router `cache_aware` if `sglang_router` is installed (each skipped with a message
+otherwise).
 
 Figures: cached share of prompt tokens (the engines' own counts, over the run), and the share
 the same turns would have had on caches that never evict, on the engines the router chose and
@@ -85,11 +87,13 @@ from bench.harness import (
     tree_cpu_s,
     wait_http,
 )
+from bench.native_relay import nginx_path, start_nginx
 from gateway.upstreams.replicas.prefix_index import BLOCK_CHARS, ENTRY_BYTES
 
 SLOW_EXTRA_MS = 300.0
 NEW_SESSION_WINDOW_S = 20.0
 COMPILED = "PA compiled"  # prefix affinity from a copy with `policies` compiled (--compiled)
+NATIVE = "nginx relay"  # bench/native_relay.py, where nginx is installed
 IDLE_S = 3.0  # the router's CPU is read this long while idle, before the workload
 # Issue 21's acceptance on this bench (prefix affinity, beside sglang-router where it ran).
 TARGET_CACHED_SHARE = 0.90
@@ -291,7 +295,7 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass
 class Variant:
     name: str
-    kind: str  # "gateway", "floor" (bench/minimal_passthrough.py) or "sglang"
+    kind: str  # "gateway", "floor" (bench/minimal_passthrough.py), "native" (nginx) or "sglang"
     balance: str = ""
     env: dict[str, str] = field(default_factory=dict)  # gateway settings beside the route
     result: dict = field(default_factory=dict)
@@ -338,6 +342,8 @@ def start_router(variant: Variant, engines: list[str], args) -> tuple[subprocess
         upstreams = ",".join(e + "/v1" for e in engines)
         proc, base = start_minimal_passthrough(upstreams, "http1")
         return proc, base + "/chat/completions"
+    if variant.kind == "native":
+        return start_nginx(engines, args.scratch)
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines]
@@ -641,6 +647,10 @@ def variants(args) -> list[Variant]:
         Variant("prefix affinity", "gateway", "prefix_affinity"),
         Variant("bare Python relay", "floor"),
     ]
+    if nginx_path() is None:
+        print("nginx is not installed (apt-get install nginx-light): the native relay skipped")
+    else:
+        out.append(Variant(NATIVE, "native"))
     try:
         import sglang_router  # noqa: F401
     except ImportError:
@@ -826,6 +836,8 @@ def main() -> int:
         print(
             f"  compiled policies (setup.py, FIRSTTOKEN_MYPYC=1): {time.perf_counter() - t0:.0f} s"
         )
+    scratch = tempfile.TemporaryDirectory(prefix="fleet-scratch-")
+    args.scratch = scratch.name  # what a router writes while it runs (nginx's files)
     engine_procs, engines = start_engines(args)
     try:
         for variant in variants(args):
@@ -838,6 +850,7 @@ def main() -> int:
             stop(proc)
         if built is not None:
             built.cleanup()
+        scratch.cleanup()
     relative_to_floor(done)
     against_sglang_turns(done)
     print_table(done)
@@ -856,7 +869,7 @@ def main() -> int:
     print(f"elapsed {time.perf_counter() - began:.0f} s (measured on a shared machine: noisy)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     report = {
-        "args": {k: v for k, v in vars(args).items() if k not in ("out", "compiled")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "compiled", "scratch")},
         "variants": {v.name: v.result for v in done},
         "targets": [{"target": n, "met": ok, "figures": f} for n, ok, f in met],
         "sglang_router": shutil.which("sglang-router") is not None,
