@@ -3,6 +3,7 @@ front of the same prefix-caching engines under the same seeded workload.
 
     python bench/fleet_http.py [--quick] [--seconds 90] [--replicas 4] [--rate 3.0] [--seed 7]
                                [--only NAMES] [--cpu-breakdown] [--hand-over-ab N] [--compiled]
+                               [--answer-tokens 16]
 
 Engines: `bench/fleet_engine.py`, one process each (16-token block chains, an LRU smaller than
 the working set, `--slots` at once and a queue, TTFT = 20 ms + 0.25 ms per uncached token,
@@ -41,17 +42,20 @@ fail (400s, 500s its own bodies cause) and `/readyz` must still show every repli
 switch parts of the gateway off (`FIRSTTOKEN_POLICIES=none`; `FIRSTTOKEN_TELEMETRY=false`, which
 also stops the prefix-break diagnostics and the shadow cache advisor; both): what is left with both
 off is the request path itself (admission, the choice of a replica, the relay), to set beside the
-bare relay's figure. With `--hand-over-ab N`, only prefix affinity runs, N times with prefix
-hand-over (the default with `load_metrics`) and N times without, in turn: what handing a slow
-replica's prefixes over does to the first turns after the slowdown and to the cached share, in one
-invocation. With `--compiled`, prefix affinity also runs, last, from a copy of this checkout with
-`policies` compiled by mypyc (`setup.py` with `FIRSTTOKEN_MYPYC=1`; needs a C compiler): the same
-routing from the compiled build, and its CPU beside the interpreted one's (one run each, so a noisy
-machine moves the pair; `bench/turns_cpu.py --compiled --pairs N` compares in pairs). Writes
-bench/results/fleet_http.json, with what explains the figures: the cached share before and after
-the slowdown per engine (and the part lost to system prompts recomputed), how many engines each
-tenant's conversations began on, the follow-ups that moved (when, from, to), the slowest turns
-after the slowdown, and with `--watch-costs` the gateway's cost terms each second after it."""
+bare relay's figure. `--answer-tokens 1` answers every turn with one content chunk instead of 16
+chunks 40 ms apart: the CPU per request without the events, so that a run with each splits every
+router's figure into a part per request and a part per event. With `--hand-over-ab N`, only prefix
+affinity runs, N times with prefix hand-over (the default with `load_metrics`) and N times without,
+in turn: what handing a slow replica's prefixes over does to the first turns after the slowdown and
+to the cached share, in one invocation. With `--compiled`, prefix affinity also runs, last, from a
+copy of this checkout with `policies` compiled by mypyc (`setup.py` with `FIRSTTOKEN_MYPYC=1`; needs
+a C compiler): the same routing from the compiled build, and its CPU beside the interpreted one's
+(one run each, so a noisy machine moves the pair; `bench/turns_cpu.py --compiled --pairs N` compares
+in pairs). Writes bench/results/fleet_http.json, with what explains the figures: the cached share
+before and after the slowdown per engine (and the part lost to system prompts recomputed), how many
+engines each tenant's conversations began on, the follow-ups that moved (when, from, to), the
+slowest turns after the slowdown, and with `--watch-costs` the gateway's cost terms each second
+after it."""
 
 from __future__ import annotations
 
@@ -119,6 +123,7 @@ class Workload:
     systems: list[str]
     sessions: list[tuple[float, int, list[str]]]  # (arrival s, tenant, user turns)
     think_s: list[list[float]]
+    answer_tokens: int = ANSWER_TOKENS  # each turn's max_tokens, the content chunks of its answer
 
 
 def make_workload(args: argparse.Namespace) -> Workload:
@@ -139,16 +144,16 @@ def make_workload(args: argparse.Namespace) -> Workload:
         ]
         sessions.append((t, rng.randrange(args.tenants), turns))
         thinks.append([rng.expovariate(1.0 / args.think_s) for _ in turns])
-    return Workload(systems, sessions, thinks)
+    return Workload(systems, sessions, thinks, args.answer_tokens)
 
 
 async def stream_chat(
-    http: aiohttp.ClientSession, url: str, messages: list[dict]
+    http: aiohttp.ClientSession, url: str, messages: list[dict], max_tokens: int = ANSWER_TOKENS
 ) -> tuple[float | None, str | None, str]:
     """(TTFT ms, the engine that answered, the answer) of one streamed chat request."""
     sent = time.perf_counter()
     ttft, engine, parts = None, None, []
-    body = {"model": "m", "messages": messages, "stream": True, "max_tokens": ANSWER_TOKENS}
+    body = {"model": "m", "messages": messages, "stream": True, "max_tokens": max_tokens}
     async with http.post(url, json=body) as resp:
         if resp.status != 200:
             await resp.read()
@@ -195,7 +200,9 @@ async def run_workload(
             messages.append({"role": "user", "content": user})
             started = time.perf_counter() - began
             try:
-                ttft, engine, answer = await stream_chat(http, url, messages)
+                ttft, engine, answer = await stream_chat(
+                    http, url, messages, workload.answer_tokens
+                )
             except (aiohttp.ClientError, TimeoutError):
                 ttft, engine, answer = None, None, ""
             turns.append(Turn(i, k, started, ttft, engine, tenant))
@@ -309,6 +316,7 @@ def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
         port = free_port()
         argv = [sys.executable, "-m", "bench.fleet_engine", "--port", str(port), "--name", f"e{i}"]
         argv += ["--slots", str(args.slots), "--cache-blocks", str(args.cache_blocks)]
+        argv += ["--chunks", str(max(ANSWER_TOKENS, args.answer_tokens))]
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(proc)
         bases.append(f"http://127.0.0.1:{port}")
@@ -471,7 +479,7 @@ def cache_ceilings(
         messages = [{"role": "system", "content": workload.systems[tenant]}]
         for k in range(t.index):
             engine = answers.get((t.session, k))
-            answer = "".join(answer_chunks(engine, ANSWER_TOKENS)) if engine else "ok"
+            answer = "".join(answer_chunks(engine, workload.answer_tokens)) if engine else "ok"
             messages += [
                 {"role": "user", "content": users[k]},
                 {"role": "assistant", "content": answer},
@@ -593,6 +601,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tenants", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="new conversations per second")
     parser.add_argument("--think-s", type=float, default=1.5)
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=ANSWER_TOKENS,
+        help="content chunks per answer, 40 ms apart (1: CPU per request without the events)",
+    )
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument(
         "--cold-prompts", type=int, default=12, help="never-seen long prompts, one at a time"
@@ -627,6 +641,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args(argv)
+    if args.answer_tokens < 1:
+        parser.error("--answer-tokens must be at least 1")
     args.compiled = None  # the compiled copy's path, once built (--compiled)
     quick = {"seconds": 22.0, "tenants": 12, "rate": 2.5, "cache_blocks": 600}
     full = {"seconds": 55.0, "tenants": 40, "rate": 4.0, "cache_blocks": 2000}

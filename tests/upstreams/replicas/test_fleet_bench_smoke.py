@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 
@@ -278,3 +280,23 @@ def test_cache_ceilings_replay_the_turns_where_they_went() -> None:
 
     failed = cache_ceilings([first, follow_up, Turn(1, 0, 1.0, None, None, 0)], workload)
     assert failed["placement"] == 96 / (105 + 125)  # a failed turn is not counted
+
+
+def test_answer_tokens_shorten_every_answer_and_its_replay(monkeypatch) -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+    from bench.fleet_http import WORDS, Turn, Workload, cache_ceilings
+
+    monkeypatch.setattr(sys, "argv", ["fleet_http.py", "--quick", "--answer-tokens", "1"])
+    assert fleet_http.make_workload(fleet_http.parse_args()).answer_tokens == 1
+    monkeypatch.setattr(sys, "argv", ["fleet_http.py", "--answer-tokens", "0"])
+    with pytest.raises(SystemExit):
+        fleet_http.parse_args()
+
+    # the conversations of the test above, each answer one token: the follow-up is 110 words
+    system = "tenant0 " + " ".join(WORDS[:100])
+    sessions = [(0.0, 0, ["hi there"] * 2), (1.0, 0, ["bye now"])]
+    workload = Workload([system], sessions, [[0.0] * 2, [0.0]], answer_tokens=1)
+    turns = [Turn(0, 0, 0.0, 1.0, "e0", 0), Turn(0, 1, 0.5, 1.0, "e0", 0)]
+    together = cache_ceilings([*turns, Turn(1, 0, 1.0, 1.0, "e0", 0)], workload)
+    assert together["placement"] == 192 / (105 + 110 + 105)
