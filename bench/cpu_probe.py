@@ -1,6 +1,7 @@
 """Where the gateway's CPU goes, per request, measured inside the gateway while it serves.
 
-    python bench/cpu_probe.py [--variant prefix_affinity] [--quick] [--tasks] [--out PATH]
+    python bench/cpu_probe.py [--variant prefix_affinity] [--quick] [--tasks] [--answer-tokens N]
+                              [--out PATH]
 
 Runs `bench/fleet_http.py`'s workload through one gateway variant (a balance mode, or one of
 its `--cpu-breakdown` settings) with `bench/probe_site` on the gateway's PYTHONPATH: its
@@ -219,12 +220,18 @@ def print_table(result: dict) -> None:
         print(f"{name:52} {calls:9.2f} {ms:10.3f} {1000 * ms / calls:8.1f}")
 
 
+def fleet_argv(args: argparse.Namespace) -> list[str]:
+    """`bench/fleet_http.py`'s arguments for this probe's workload."""
+    argv = ["--cpu-breakdown", "--answer-tokens", str(args.answer_tokens)]
+    return [*argv, "--quick"] if args.quick else argv
+
+
 def run(args: argparse.Namespace) -> dict:
     from bench import fleet_http
     from bench.harness import stop
 
     # fleet_http's own list of variants, its --cpu-breakdown settings included
-    fleet_args = fleet_http.parse_args(["--cpu-breakdown", *(["--quick"] if args.quick else [])])
+    fleet_args = fleet_http.parse_args(fleet_argv(args))
     chosen = [v for v in fleet_http.variants(fleet_args) if v.kind == "gateway"]
     variant = next((v for v in chosen if args.variant in (v.name, v.balance)), None)
     if variant is None:
@@ -259,6 +266,12 @@ def main() -> int:
     parser.add_argument("--variant", default="prefix_affinity", help="a gateway variant's name")
     parser.add_argument("--quick", action="store_true", help="fleet_http's short workload")
     parser.add_argument("--tasks", action="store_true", help="clock every task's steps too")
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=16,
+        help="content chunks per answer (1: the work done once per request, nearly alone)",
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "cpu_probe.json"))
     args = parser.parse_args()
     result = run(args)

@@ -129,3 +129,17 @@ def test_no_requests_is_an_error_not_a_table():
         per_request([snapshot(5, 1.0, 0, 0.0), snapshot(5, 1.1, 0, 0.0)])
     with pytest.raises(ValueError):
         per_request([snapshot(0, 1.0, 0, 0.0)])
+
+
+def test_the_probe_runs_the_fleet_workload_with_its_answer_length():
+    import argparse
+
+    from bench import fleet_http
+    from bench.cpu_probe import fleet_argv
+
+    probe = argparse.Namespace(quick=True, answer_tokens=1)
+    fleet = fleet_http.parse_args(fleet_argv(probe))
+    assert (fleet.answer_tokens, fleet.quick, fleet.cpu_breakdown) == (1, True, True)
+    assert fleet_http.make_workload(fleet).answer_tokens == 1
+    full = fleet_http.parse_args(fleet_argv(argparse.Namespace(quick=False, answer_tokens=16)))
+    assert (full.answer_tokens, full.quick) == (16, False)
