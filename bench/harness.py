@@ -71,6 +71,17 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = N
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
+def serving(proc: subprocess.Popen, ready_url: str) -> subprocess.Popen:
+    """`proc` once `ready_url` answers 200; if it never does (or the wait is interrupted), it is
+    stopped before the failure is raised: nothing is left running."""
+    try:
+        wait_http(ready_url, proc=proc)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
 def start_mock(
     first_ms: float = 50, chunks: int = 20, gap_ms: float = 5, extra_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen, str]:
@@ -101,12 +112,7 @@ def start_upstream(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
     """Start a mock upstream serving `/v1/models` on `port`; stopped again if it never answers."""
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_http(base + "/models", proc=proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, base
+    return serving(proc, base + "/models"), base
 
 
 def gateway_env(upstream_base: str, extra_env: dict[str, str] | None, root: str) -> dict[str, str]:
@@ -204,12 +210,7 @@ def start_minimal_passthrough(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", proc=proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, f"http://127.0.0.1:{port}/v1"
+    return serving(proc, f"http://127.0.0.1:{port}/readyz"), f"http://127.0.0.1:{port}/v1"
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 
-from bench.harness import GATEWAY_CORE, _taskset, free_port, stop, wait_http
+from bench.harness import GATEWAY_CORE, _taskset, free_port, serving
 
 NGINX = "nginx"
 BODY_BUFFER = "16m"  # the fleet's longest prompts stay in memory, never in a temp file
@@ -85,9 +85,5 @@ def start_nginx(engines: list[str], workdir: str) -> tuple[subprocess.Popen, str
         fh.write(nginx_config(engines, port, workdir))
     argv = [*_taskset(GATEWAY_CORE), binary, "-p", workdir, "-c", conf]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc)
-    except BaseException:
-        stop(proc)
-        raise
+    serving(proc, f"http://127.0.0.1:{port}/v1/models")
     return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
