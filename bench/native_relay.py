@@ -5,8 +5,8 @@ The fleet bench reads each router's CPU per streamed request. The bare Python re
 the same streams without buffering them, is the floor for one that is not: what a request and its
 events cost a compiled event loop on this machine (a wake-up, a read and a write per event), with
 no choice of replica beyond taking the engines in turn and nothing read from the answer. Between
-the two floors, what a native relay loop could save the gateway; above nginx's, what no relay
-avoids.
+the two floors, what compiling a bare relay saves; the bench's `--answer-tokens 1` splits each
+figure into a part per request and a part per event, to say which part a router's own code costs.
 
 One worker process (the gateway serves from one event loop too), access log off, request bodies
 kept in memory, answers relayed as they arrive (`proxy_buffering off`), kept-alive connections
