@@ -311,6 +311,7 @@ class Variant:
 
 
 def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
+    """`--replicas` fleet engines, each answering; if one never does, every one is stopped."""
     procs, bases = [], []
     for i in range(args.replicas):
         port = free_port()
@@ -320,8 +321,13 @@ def start_engines(args) -> tuple[list[subprocess.Popen], list[str]]:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(proc)
         bases.append(f"http://127.0.0.1:{port}")
-    for proc, base in zip(procs, bases, strict=True):
-        wait_http(base + "/v1/models", proc=proc)
+    try:
+        for proc, base in zip(procs, bases, strict=True):
+            wait_http(base + "/v1/models", proc=proc)
+    except BaseException:
+        for proc in procs:
+            stop(proc)
+        raise
     return procs, bases
 
 

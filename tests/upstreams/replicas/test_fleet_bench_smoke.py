@@ -300,3 +300,32 @@ def test_answer_tokens_shorten_every_answer_and_its_replay(monkeypatch) -> None:
     turns = [Turn(0, 0, 0.0, 1.0, "e0", 0), Turn(0, 1, 0.5, 1.0, "e0", 0)]
     together = cache_ceilings([*turns, Turn(1, 0, 1.0, 1.0, "e0", 0)], workload)
     assert together["placement"] == 192 / (105 + 110 + 105)
+
+
+def test_engines_that_do_not_all_answer_are_all_stopped(monkeypatch) -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    started = []
+    popen = fleet_http.subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    def second_never_answers(url, timeout=30.0, proc=None):
+        if proc is started[1]:
+            raise RuntimeError(f"{url} did not answer")
+
+    monkeypatch.setattr(fleet_http.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(fleet_http, "wait_http", second_never_answers)
+    monkeypatch.setattr(sys, "argv", ["fleet_http.py", "--quick", "--replicas", "3"])
+    try:
+        with pytest.raises(RuntimeError, match="did not answer"):
+            fleet_http.start_engines(fleet_http.parse_args())
+        assert len(started) == 3
+        assert all(proc.poll() is not None for proc in started)  # none left running
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
