@@ -12,7 +12,7 @@ Modes (`BalanceOptions.mode`):
   soonest, in milliseconds, counting what the choice costs the conversation's later turns
   (`gateway.upstreams.replicas.latency` says how each term is observed):
 
-      first turn:  cost(r) = turns * excess(r) + wait(r) + prefill * uncached(r)
+      first turn:  cost(r) = turns * excess(r) + evicted(r) + wait(r) + prefill * uncached(r)
       follow-up:   cost(r) = [r not home] * (turns * excess(r) + evicted(r))
                              + wait(r) + prefill * uncached(r)
 
@@ -33,7 +33,8 @@ Modes (`BalanceOptions.mode`):
       turns       = the route's observed requests per conversation (1 / the share of first
                     turns: requests without an assistant message)
       home        = the replica the conversation's last turn went to (`ConversationHomes`,
-                    this process's recent conversations); failing that, the replica holding
+                    this process's recent conversations); failing that (and for a first
+                    turn, whose shared prefix some replica may hold), the replica holding
                     most of the follow-up's prompt, of several holding as much the one sent it
                     last (a replica holding only the tenant's system prompt holds as much of a
                     second turn whose first turn added no whole block as the one it went to)
@@ -44,8 +45,10 @@ Modes (`BalanceOptions.mode`):
   replica's excess on every turn it will have (it stays there from then on), so a follow-up
   that leaves a full replica never lands on the slow one. A new conversation pays r's excess
   on every turn it will have (a slow replica stays slow) but its wait once (a queue drains),
-  against one recompute of its shared prefix elsewhere: a replica that became slow stops
-  getting new conversations at once, while its warm ones stay until it actually queues. Each
+  against recomputing its shared prefix elsewhere (twice into a full cache, as a follow-up
+  does): a replica that became slow stops getting new conversations at once, while its warm
+  ones stay until it actually queues, and a tenant's conversations wait briefly at the one
+  replica that took its prefix over rather than copy it into a third full cache. Each
   tenant's next conversation elsewhere would recompute its shared prefix there;
   `hand_over_target` names where a warm conversation's request may send that prefix first
   (`gateway.upstreams.replicas.hand_over`).
@@ -257,7 +260,7 @@ class Balancer:
             healthy, matches, recency
         )
         home_uncached = None
-        if not first_turn and home is not None:
+        if home is not None:
             home_uncached = _uncached_tokens(chars, matches[healthy.index(home)])
         for r, matched, sent in zip(healthy, matches, recency, strict=True):
             # a follow-up pays no excess at its home (already paid: it stays), but moving it

@@ -454,6 +454,9 @@ def test_a_follow_up_moving_into_a_full_cache_pays_its_recompute_twice() -> None
     assert b.choose(PROMPT, 0.0, first_turn=False).replica is home  # 1,125 < 2,048
     home.in_flight = 24  # 17 slot turns: 2,125 ms
     assert b.choose(PROMPT, 0.0, first_turn=False).replica is full
-    # a first turn pays nothing for it: every replica but the holder recomputes it alike
+    # a new conversation opening with the held prefix weighs it alike: it waits at the holder
+    # rather than push the prefix into a second full cache, and goes when waiting costs more
     home.in_flight = 16
+    assert b.choose(PROMPT, 0.0, first_turn=True).replica is home
+    home.in_flight = 24
     assert b.choose(PROMPT, 0.0, first_turn=True).replica is full
