@@ -247,7 +247,7 @@ class Balancer:
                 strict=True,
             )
         )
-        best: tuple[float, int, int, tuple[int, int], float, bytes] | None = None
+        best: tuple[float, int, int, tuple[int, int], float] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
         # when each replica was last sent the prefix it holds: of replicas holding as much, the
@@ -273,15 +273,13 @@ class Balancer:
             pressure = r.index.pressure()
             if home_uncached is not None and not stays and pressure[0] == 0:
                 cost += prefill * max(0.0, uncached - home_uncached)
-            key = (
-                cost,
-                -matched,
-                -sent,
-                pressure,
-                self._busy(r),
-                _rendezvous(first, r.name),
-            )
-            if best is None or key < best:
+            key = (cost, -matched, -sent, pressure, self._busy(r))
+            if (
+                best is None
+                or key < best
+                # the last tie-break, hashed only for a tie
+                or (key == best and _rendezvous(first, r.name) < _rendezvous(first, picked.name))
+            ):
                 best, picked, picked_matched = key, r, matched
         reason = "affinity" if picked_matched else "least_loaded"
         if first_turn:

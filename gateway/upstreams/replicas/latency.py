@@ -41,9 +41,13 @@ class ReplicaLatency:
     def __init__(self) -> None:
         self._residuals: deque[float] = deque(maxlen=FIXED_SAMPLES)
         self.service_ms: float | None = None
+        self.samples = 0  # residuals seen, ever: what a cached figure was computed from
+        self._fixed: float | None = None
 
     def observe_fixed(self, residual_ms: float) -> None:
         self._residuals.append(residual_ms)
+        self.samples += 1
+        self._fixed = None
 
     def observe_service(self, ms: float) -> None:
         if self.service_ms is None:
@@ -53,7 +57,9 @@ class ReplicaLatency:
 
     @property
     def fixed_ms(self) -> float | None:
-        return statistics.median(self._residuals) if self._residuals else None
+        if self._fixed is None and self._residuals:
+            self._fixed = statistics.median(self._residuals)
+        return self._fixed
 
     @property
     def residuals(self) -> tuple[float, ...]:
@@ -68,6 +74,10 @@ class FleetLatency:
         self._decay = 0.5 ** (1.0 / SLOPE_HALF_LIFE)
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._first_share = 1.0  # share of requests that open a conversation
+        # every choice weighs the excesses, which change only with a residual: the last ones,
+        # under the fleet's replicas and how many residuals each had seen
+        self._excesses_of: tuple[tuple[ReplicaLatency, int], ...] = ()
+        self._excesses: list[float] = []
 
     def observe_ttft(self, ttft_ms: float, uncached_tokens: float) -> None:
         d = self._decay
@@ -109,7 +119,15 @@ class FleetLatency:
 
     def excesses(self, fleet: list[ReplicaLatency]) -> list[float]:
         """`excess_ms` of each of `fleet`'s replicas, in one pass over the fleet (a choice
-        weighs them all)."""
+        weighs them all), computed again only after a residual was observed."""
+        seen = tuple((r, r.samples) for r in fleet)
+        if seen != self._excesses_of:
+            self._excesses = self._compute_excesses(fleet)
+            self._excesses_of = seen
+        return list(self._excesses)
+
+    @staticmethod
+    def _compute_excesses(fleet: list[ReplicaLatency]) -> list[float]:
         fixed = [r.fixed_ms for r in fleet]
         if all(f is None for f in fixed):
             return [0.0] * len(fleet)

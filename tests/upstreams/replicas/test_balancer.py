@@ -143,6 +143,29 @@ def test_observed_ttfts_fit_the_prefill_rate_and_each_replicas_fixed_part() -> N
     assert a.latency.fixed_ms == pytest.approx(20.0)
 
 
+def test_the_excesses_a_choice_reads_follow_every_new_residual() -> None:
+    # the figures are kept between choices: each residual observed must still move them
+    a, c = replica("a"), replica("c")
+    b = balancer(a, c, **MS)
+    fleet = [a.latency, c.latency]
+    for _ in range(FIXED_SAMPLES):
+        a.latency.observe_fixed(20.0)
+        c.latency.observe_fixed(20.0)
+    assert b.latency.excesses(fleet) == [0.0, 0.0]
+    for step in range(1, FIXED_SAMPLES // 2 + 2):
+        c.latency.observe_fixed(320.0)
+        expected = 300.0 if step > FIXED_SAMPLES // 2 else 0.0
+        assert b.latency.excesses(fleet) == [0.0, pytest.approx(expected)]
+        assert c.latency.fixed_ms == pytest.approx(320.0 if expected else 20.0)
+    # the list handed out is the caller's: changing it changes nothing kept
+    b.latency.excesses(fleet)[1] = -1.0
+    assert b.latency.excesses(fleet)[1] == pytest.approx(300.0)
+    # another fleet is weighed on its own residuals, not the last fleet's figures
+    d = replica("d")
+    d.latency.observe_fixed(20.0)
+    assert b.latency.excesses([c.latency, d.latency]) == [pytest.approx(300.0), 0.0]
+
+
 def test_a_slow_replica_keeps_its_warm_follow_ups_and_loses_new_conversations() -> None:
     slow = replica("slow", holds=PROMPT)
     fast = replica("fast")
