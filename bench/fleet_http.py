@@ -27,7 +27,10 @@ placement costs and what evictions cost); TTFT p99 after warm-up (35% of the run
 the slowdown, and each router's TTFT minus sglang-router's on the same turns there (their
 median: what the router adds under load); added TTFT at low load (median of sequential short
 requests through the router minus straight to an engine);
-TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it;
+TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it
+(each p99 with the 90% interval its sample allows, whatever the distribution: a p99 over a few
+hundred turns rests on the few slowest, and a comparison with sglang-router's whose intervals
+overlap says so);
 added TTFT on a cold long prompt (`--cold-prompts` never-seen system prompts of the tenants'
 lengths, one at a time: the median of each prompt's TTFT through the router minus the same
 prompt's straight to an engine; the p99 after warm-up is such first turns, so this is what
@@ -62,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import math
 import os
 import random
 import shutil
@@ -71,6 +75,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -105,6 +110,7 @@ TARGET_SLOW_SHARE = 0.10
 TARGET_WARM_MOVED = 2
 TARGET_CPU_S_PER_1000 = 2.5
 WORDS = [f"w{i}" for i in range(5000)]
+INTERVAL_LEVEL = 0.9  # of the p99s' intervals
 ANSWER_TOKENS = 16  # each turn's max_tokens: the engines answer that many content chunks
 
 
@@ -297,6 +303,39 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def quantile_interval(
+    values: list[float], q: float, level: float = INTERVAL_LEVEL
+) -> tuple[float, float]:
+    """The order statistics that bracket the true `q`-quantile of what `values` were drawn
+    from with probability at least `level`, whatever its distribution: how many samples fall
+    below the quantile is binomial (n, q). A p99 over a few hundred turns rests on its few
+    slowest, and two routers' p99s compare only where these intervals do not overlap; the
+    upper end is infinite where there are too few samples to bound it."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    tail = (1.0 - level) / 2
+    log_q, log_p = math.log(q), math.log1p(-q)
+    below = 0.0  # P(fewer than k samples below the quantile)
+    lower, upper = -math.inf, math.inf
+    for k in range(n + 1):
+        if below <= tail and k >= 1:
+            lower = xs[k - 1]  # x_(k) is below the quantile unless fewer than k samples are
+        log_pmf = (
+            math.lgamma(n + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(n - k + 1)
+            + k * log_q
+            + (n - k) * log_p
+        )
+        below += math.exp(log_pmf)
+        if below >= 1.0 - tail:
+            upper = xs[k] if k < n else math.inf  # x_(k+1) is above it unless more than k are
+            break
+    return lower, upper
 
 
 @dataclass
@@ -561,9 +600,11 @@ def summarize(turns, stats, direct, routed, cpu, failures, args) -> dict:
         "errors": len(turns) - len(ok),
         "cached_share": cached / prompt if prompt else 0.0,
         "ttft_p99_warm_ms": percentile(steady, 0.99),
+        "ttft_p99_warm_interval_ms": quantile_interval(steady, 0.99),
         "ttft_p50_warm_ms": percentile(steady, 0.5),
         "added_ttft_low_load_ms": routed - direct,
         "ttft_p99_after_slowdown_ms": percentile(after, 0.99),
+        "ttft_p99_after_slowdown_interval_ms": quantile_interval(after, 0.99),
         # new conversations after the slowdown: where a moved tenant recomputes its prefix
         "ttft_mean_first_turns_after_slowdown_ms": _mean(
             [t.ttft_ms for t in ok if t.index == 0 and slow <= t.started < args.seconds]
@@ -705,15 +746,18 @@ BREAKDOWN = {
 }
 
 
+INTERVAL = "{0[0]:,.0f}-{0[1]:,.0f}"  # a (low, high) pair
 ROWS = (
     ("cached share of prompt tokens", "cached_share", "{:.1%}"),
     ("  if no cache evicted, this placement", "cached_share_unbounded_placement", "{:.1%}"),
     ("  if no cache evicted, a tenant per engine", "cached_share_ceiling", "{:.1%}"),
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
+    (f"  {INTERVAL_LEVEL:.0%} interval, ms", "ttft_p99_warm_interval_ms", INTERVAL),
     ("  vs sglang-router, same turns, median ms", "warm_ttft_minus_sglang_ms", "{:+.2f}"),
     ("added TTFT at low load, ms", "added_ttft_low_load_ms", "{:+.1f}"),
     ("added TTFT on a cold long prompt, ms", "added_ttft_cold_prompt_ms", "{:+.2f}"),
     ("TTFT p99 after e0 turns 300 ms slower, ms", "ttft_p99_after_slowdown_ms", "{:,.0f}"),
+    (f"  {INTERVAL_LEVEL:.0%} interval, ms", "ttft_p99_after_slowdown_interval_ms", INTERVAL),
     (
         "  mean of new conversations' first turns, ms",
         "ttft_mean_first_turns_after_slowdown_ms",
@@ -740,26 +784,38 @@ def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
         return []
     out: list[tuple[str, bool | None, str]] = []
 
-    def against(name: str, key: str, fmt: str, higher_is_better: bool) -> None:
+    def against(
+        name: str, key: str, fmt: str, higher_is_better: bool, interval: str | None = None
+    ) -> None:
         mine = ours[key]
         if theirs is None:
             out.append((f"{name} vs sglang-router", None, fmt.format(mine) + ", no sglang run"))
             return
         other = theirs[key]
         met = mine >= other if higher_is_better else mine <= other
-        out.append((f"{name} vs sglang-router", met, f"{fmt.format(mine)} vs {fmt.format(other)}"))
+        figures = f"{fmt.format(mine)} vs {fmt.format(other)}"
+        if interval is not None and overlap(ours.get(interval), theirs.get(interval)):
+            figures += f" ({INTERVAL_LEVEL:.0%} intervals overlap: a tie within this run's noise)"
+        out.append((f"{name} vs sglang-router", met, figures))
 
     share = ours["cached_share"]
     out.append(
         (f"cached share >= {TARGET_CACHED_SHARE:.0%}", share >= TARGET_CACHED_SHARE, f"{share:.1%}")
     )
     against("cached share", "cached_share", "{:.1%}", higher_is_better=True)
-    against("TTFT p99 after warm-up", "ttft_p99_warm_ms", "{:,.0f} ms", higher_is_better=False)
+    against(
+        "TTFT p99 after warm-up",
+        "ttft_p99_warm_ms",
+        "{:,.0f} ms",
+        higher_is_better=False,
+        interval="ttft_p99_warm_interval_ms",
+    )
     against(
         "TTFT p99 after the slowdown",
         "ttft_p99_after_slowdown_ms",
         "{:,.0f} ms",
         higher_is_better=False,
+        interval="ttft_p99_after_slowdown_interval_ms",
     )
     slow = ours["slow_share_of_new_sessions"]
     out.append(
@@ -799,6 +855,21 @@ def targets(done: list[Variant]) -> list[tuple[str, bool | None, str]]:
             )
         )
     return out
+
+
+def overlap(a: Sequence[float | None] | None, b: Sequence[float | None] | None) -> bool:
+    """Whether two (low, high) intervals share a point; False where either is missing. An
+    end read back from JSON as None is unbounded (JSON has no infinity)."""
+    if not a or not b:
+        return False
+    low_a, high_a = _bounds(a)
+    low_b, high_b = _bounds(b)
+    return low_a <= high_b and low_b <= high_a
+
+
+def _bounds(pair: Sequence[float | None]) -> tuple[float, float]:
+    low, high = pair
+    return (-math.inf if low is None else low), (math.inf if high is None else high)
 
 
 def relative_to_floor(done: list[Variant]) -> None:

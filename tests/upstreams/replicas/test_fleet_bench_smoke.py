@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
+import statistics
 import subprocess
 import sys
 
@@ -329,3 +331,63 @@ def test_engines_that_do_not_all_answer_are_all_stopped(monkeypatch) -> None:
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+def test_a_p99s_interval_holds_the_true_p99_about_as_often_as_it_says() -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    rng = random.Random(21)
+    true_p99 = -math.log(0.01)  # of an exponential with mean 1
+    held, widths = 0, []
+    for _ in range(400):
+        sample = [rng.expovariate(1.0) for _ in range(400)]
+        low, high = fleet_http.quantile_interval(sample, 0.99)
+        assert low <= fleet_http.percentile(sample, 0.99) <= high
+        held += low <= true_p99 <= high
+        widths.append(high - low)
+    # at least 90% by construction (order statistics: a little more), never all of them
+    assert 0.88 <= held / 400 < 0.99
+    assert statistics.median(widths) < true_p99  # a bracket, not the whole range
+
+
+def test_a_p99_over_too_few_samples_has_no_upper_end() -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    low, high = fleet_http.quantile_interval([float(i) for i in range(50)], 0.99)
+    assert high == math.inf and 0 < low < 49
+    assert all(math.isnan(end) for end in fleet_http.quantile_interval([], 0.99))
+    # intervals read back from JSON carry null for an infinite end
+    assert fleet_http.overlap([600.0, None], [700.0, 800.0])
+    assert not fleet_http.overlap([100.0, 200.0], [201.0, 300.0])
+    assert not fleet_http.overlap(None, [1.0, 2.0])
+
+
+def test_a_p99_comparison_says_when_the_two_intervals_overlap() -> None:
+    sys.path.insert(0, ROOT)
+    from bench import fleet_http
+
+    def result(p99: float, interval: tuple[float, float]) -> dict:
+        return {
+            "cached_share": 0.93,
+            "ttft_p99_warm_ms": p99,
+            "ttft_p99_warm_interval_ms": interval,
+            "ttft_p99_after_slowdown_ms": p99,
+            "ttft_p99_after_slowdown_interval_ms": (interval[0] + 1000, interval[1] + 1000),
+            "slow_share_of_new_sessions": 0.05,
+            "warm_follow_ups_moved": 0,
+            "router_cpu_s_per_1000": 5.0,
+        }
+
+    ours = fleet_http.Variant("prefix affinity", "gateway", "prefix_affinity")
+    theirs = fleet_http.Variant("sglang cache_aware", "sglang")
+    ours.result, theirs.result = result(753, (598, 792)), result(746, (542, 824))
+    judged = {name: (met, figures) for name, met, figures in fleet_http.targets([ours, theirs])}
+    met, figures = judged["TTFT p99 after warm-up vs sglang-router"]
+    assert met is False and "intervals overlap" in figures  # the verdict stays, the tie is said
+    theirs.result = result(900, (850, 990))
+    met, figures = dict((n, (m, f)) for n, m, f in fleet_http.targets([ours, theirs]))[
+        "TTFT p99 after warm-up vs sglang-router"
+    ]
+    assert met is True and "overlap" not in figures
