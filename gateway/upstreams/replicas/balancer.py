@@ -135,7 +135,10 @@ class ReplicaState:
 class BalanceOptions:
     mode: str = "prefix_affinity"
     slots: int = 8
-    imbalance_abs: int = 8
+    # two sets of slots queued beyond the least loaded: at one set (8), the rule overrode the
+    # cost's wait against a recompute three or four times in 150 s of the fleet bench, each a
+    # first turn recomputing its prompt into a full cache and its tenant split over two
+    imbalance_abs: int = 16
     imbalance_ratio: float = 2.0
     # what the cost assumes before the route's answers have been seen
     prior_prefill_ms_per_token: float = 0.1

@@ -205,12 +205,12 @@ def test_a_follow_up_moved_off_a_full_replica_does_not_land_on_the_slow_one() ->
 @pytest.mark.parametrize(
     ("hot", "cold", "load_wins"),
     [
-        (7, 0, False),  # difference under imbalance_abs
-        (8, 0, True),  # 8 - 0 >= 8 and 8 >= 2 * (0 + 1)
-        (12, 5, False),  # difference 7
-        (13, 5, True),  # difference 8 and 13 >= 12
-        (20, 10, False),  # difference 10 but 20 < 2 * 11
-        (22, 10, True),
+        (15, 0, False),  # difference under imbalance_abs
+        (16, 0, True),  # 16 - 0 >= 16 and 16 >= 2 * (0 + 1)
+        (20, 5, False),  # difference 15
+        (21, 5, True),  # difference 16 and 21 >= 12
+        (40, 20, False),  # difference 20 but 40 < 2 * 21
+        (42, 20, True),
     ],
 )
 def test_imbalance_rule_thresholds(hot: int, cold: int, load_wins: bool) -> None:
@@ -427,13 +427,13 @@ def test_a_moved_follow_up_pays_the_slower_replica_s_excess_on_every_turn_it_wil
 
 
 def test_the_imbalance_rule_never_sends_a_first_turn_to_a_slower_replica() -> None:
-    busy, slow = replica("busy", holds=PROMPT, in_flight=10), replica("slow")
+    busy, slow = replica("busy", holds=PROMPT, in_flight=20), replica("slow")
     b = balancer(busy, slow, prior_service_ms=0.0)  # no wait term: the rule alone decides
     slowed(b, slow, busy)
     choice = b.choose(PROMPT, 0.0)
     assert choice.replica is busy and choice.reason == "affinity"
     cool = replica("cool")
-    b = balancer(replica("busy", holds=PROMPT, in_flight=10), slow, cool, prior_service_ms=0.0)
+    b = balancer(replica("busy", holds=PROMPT, in_flight=20), slow, cool, prior_service_ms=0.0)
     slowed(b, slow, cool, b.by_name("busy"))
     choice = b.choose(PROMPT, 0.0)
     assert choice.replica is cool and choice.reason == "load"
