@@ -318,20 +318,14 @@ def quantile_interval(
     if n == 0:
         return float("nan"), float("nan")
     tail = (1.0 - level) / 2
-    log_q, log_p = math.log(q), math.log1p(-q)
+    log_q, log_p, log_n_factorial = math.log(q), math.log1p(-q), math.lgamma(n + 1)
     below = 0.0  # P(fewer than k samples below the quantile)
     lower, upper = -math.inf, math.inf
     for k in range(n + 1):
         if below <= tail and k >= 1:
             lower = xs[k - 1]  # x_(k) is below the quantile unless fewer than k samples are
-        log_pmf = (
-            math.lgamma(n + 1)
-            - math.lgamma(k + 1)
-            - math.lgamma(n - k + 1)
-            + k * log_q
-            + (n - k) * log_p
-        )
-        below += math.exp(log_pmf)
+        log_choose = log_n_factorial - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        below += math.exp(log_choose + k * log_q + (n - k) * log_p)
         if below >= 1.0 - tail:
             upper = xs[k] if k < n else math.inf  # x_(k+1) is above it unless more than k are
             break
