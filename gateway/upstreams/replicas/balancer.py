@@ -53,14 +53,17 @@ Modes (`BalanceOptions.mode`):
   `hand_over_target` names where a warm conversation's request may send that prefix first
   (`gateway.upstreams.replicas.hand_over`).
   Ties go to the replica holding more of the prompt (a prefill rate fitted to nothing from
-  noisy answers must not scatter a conversation over equal costs), then to the one sent that
-  prefix last (a tenant's conversations gather where its prompt is freshest instead of keeping
-  copies warm on several replicas), then to the roomier cache (`PrefixIndex.pressure`: free
-  room, then the slowest turnover; a new tenant's prompt lands where it stays longest and
-  pushes out only cold prompts, as sglang-router's smallest tree does for unbounded trees),
-  then to the less busy (load per slot, plus half the KV cache usage where reported), then
-  to a rendezvous hash of the prompt's first block with the replica's name (a prefix nobody
-  holds lands on a replica chosen by the prefix itself, the same in every gateway process).
+  noisy answers must not scatter a conversation over equal costs), then, for a follow-up, to
+  its home (the index forgets a conversation that its replica's cache may still hold: where
+  the index says every replica would recompute it alike, the one it went to may not), then
+  to the one sent that prefix last (a tenant's conversations gather where its prompt is
+  freshest instead of keeping copies warm on several replicas), then to the roomier cache
+  (`PrefixIndex.pressure`: free room, then the slowest turnover; a new tenant's prompt lands
+  where it stays longest and pushes out only cold prompts, as sglang-router's smallest tree
+  does for unbounded trees), then to the less busy (load per slot, plus half the KV cache
+  usage where reported), then to a rendezvous hash of the prompt's first block with the
+  replica's name (a prefix nobody holds lands on a replica chosen by the prefix itself, the
+  same in every gateway process).
 
   Load (`relative_load`): the gateway's own in-flight requests (running on the server or
   waiting in its queue) plus the others' waiting requests the server reports, per unit of
@@ -250,7 +253,7 @@ class Balancer:
                 strict=True,
             )
         )
-        best: tuple[float, int, int, tuple[int, int], float] | None = None
+        best: tuple[float, int, bool, int, tuple[int, int], float] | None = None
         picked, picked_matched = healthy[0], 0
         matches = [r.index.matched(blocks) if total else 0 for r in healthy]
         # when each replica was last sent the prefix it holds: of replicas holding as much, the
@@ -276,7 +279,7 @@ class Balancer:
             pressure = r.index.pressure()
             if home_uncached is not None and not stays and pressure[0] == 0:
                 cost += prefill * max(0.0, uncached - home_uncached)
-            key = (cost, -matched, -sent, pressure, self._busy(r))
+            key = (cost, -matched, not stays, -sent, pressure, self._busy(r))
             if (
                 best is None
                 or key < best

@@ -412,6 +412,23 @@ def test_a_second_turn_stays_where_its_first_went_not_on_the_idle_slow_holder() 
     assert other.choose(PROMPT, 0.0, first_turn=False).replica is fast
 
 
+def test_a_follow_up_its_home_s_index_forgot_stays_home_among_equal_costs() -> None:
+    # the home's index has turned over past the conversation: by the index, every replica
+    # would recompute it alike; the home's engine may still hold some of it, the others do not
+    home, roomy = replica("home"), replica("roomy")
+    b = balancer(home, roomy, **MS)
+    b.homes.placed(7, "home")
+    assert roomy.index.pressure() == home.index.pressure()
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=7).replica is home
+    roomy.index.add(OTHER)  # the one of the two with more room, which a first turn prefers
+    assert b.choose(PROMPT, 0.0, first_turn=True).replica is home
+    home.index.add(prefix_blocks("h" * 8192))
+    assert b.choose(PROMPT, 0.0, first_turn=True).replica is roomy
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=7).replica is home
+    home.in_flight = 8  # no slot free at home: waiting costs more than nothing, it moves
+    assert b.choose(PROMPT, 0.0, first_turn=False, conversation=7).replica is roomy
+
+
 def test_a_moved_follow_up_pays_the_slower_replica_s_excess_on_every_turn_it_will_have() -> None:
     # its home is full: 12 in flight, 5 slot turns of 125 ms = 625 ms of waiting; the slow
     # replica holds the prompt too, 300 ms slower on each of ~4 turns: 1200 ms
