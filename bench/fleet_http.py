@@ -23,10 +23,11 @@ otherwise).
 Figures: cached share of prompt tokens (the engines' own counts, over the run), and the share
 the same turns would have had on caches that never evict, on the engines the router chose and
 with every tenant on one engine (the workload's ceiling: between the three, what the router's
-placement costs and what evictions cost); TTFT p99 after warm-up (35% of the run) and before
-the slowdown, and each router's TTFT minus sglang-router's on the same turns there (their
-median: what the router adds under load); added TTFT at low load (median of sequential short
-requests through the router minus straight to an engine);
+placement costs and what evictions cost), and the first two again before and after the slowdown
+(what shedding the slow replica costs the cache shows in the second phase); TTFT p99 after
+warm-up (35% of the run) and before the slowdown, and each router's TTFT minus sglang-router's
+on the same turns there (their median: what the router adds under load); added TTFT at low load
+(median of sequential short requests through the router minus straight to an engine);
 TTFT p99 after the slowdown, and the mean first turn of the conversations that began after it
 (each p99 with the 90% interval its sample allows, whatever the distribution: a p99 over a few
 hundred turns rests on the few slowest, and a comparison with sglang-router's whose intervals
@@ -468,6 +469,13 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
     result["cached_share_unbounded_placement"] = ceilings.pop("placement")
     result["cached_share_ceiling"] = ceilings.pop("one_engine_per_tenant")
     result["cached_share_unbounded_placement_by_phase"] = ceilings
+    # the same by phase, for the table: what shedding the slow replica's tenants costs shows
+    # after the slowdown, in what the placement allows as much as in what the caches kept
+    phases = result["cached_share_by_phase"].get("all", {})
+    result["cached_share_before_slowdown"] = phases.get("before")
+    result["cached_share_unbounded_placement_before_slowdown"] = ceilings.get("placement_before")
+    result["cached_share_after_slowdown"] = phases.get("after")
+    result["cached_share_unbounded_placement_after_slowdown"] = ceilings.get("placement_after")
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
     result["costs_after_slowdown"] = costs
     result["hand_overs"] = hand_overs
@@ -745,6 +753,18 @@ ROWS = (
     ("cached share of prompt tokens", "cached_share", "{:.1%}"),
     ("  if no cache evicted, this placement", "cached_share_unbounded_placement", "{:.1%}"),
     ("  if no cache evicted, a tenant per engine", "cached_share_ceiling", "{:.1%}"),
+    ("  before the slowdown", "cached_share_before_slowdown", "{:.1%}"),
+    (
+        "    if no cache evicted, this placement",
+        "cached_share_unbounded_placement_before_slowdown",
+        "{:.1%}",
+    ),
+    ("  after the slowdown", "cached_share_after_slowdown", "{:.1%}"),
+    (
+        "    if no cache evicted, this placement",
+        "cached_share_unbounded_placement_after_slowdown",
+        "{:.1%}",
+    ),
     ("TTFT p99 after warm-up, ms", "ttft_p99_warm_ms", "{:,.0f}"),
     (f"  {INTERVAL_LEVEL:.0%} interval, ms", "ttft_p99_warm_interval_ms", INTERVAL),
     ("  vs sglang-router, same turns, median ms", "warm_ttft_minus_sglang_ms", "{:+.2f}"),

@@ -37,6 +37,13 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
     assert "cached share of prompt tokens" in proc.stdout
     assert "if no cache evicted, a tenant per engine" in proc.stdout
+    # and by phase, each beside what its placement allowed (the engines count a phase by when a
+    # request reached them, the replay by when its turn began: the two are not compared here)
+    by_phase = result["cached_share_by_phase"]["all"]
+    for phase in ("before", "after"):
+        assert result[f"cached_share_{phase}_slowdown"] == by_phase[phase]
+        assert 0.0 <= result[f"cached_share_unbounded_placement_{phase}_slowdown"] <= 1.0
+        assert f"  {phase} the slowdown" in proc.stdout
     judged = {t["target"]: t["met"] for t in json.loads(out.read_text())["targets"]}
     assert judged["warm follow-ups moved <= 2"] in (True, False)
     assert judged["one tenant's failures leave every replica healthy"] is True
