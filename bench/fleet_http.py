@@ -58,8 +58,9 @@ a C compiler): the same routing from the compiled build, and its CPU beside the 
 in pairs). Writes bench/results/fleet_http.json, with what explains the figures: the cached share
 before and after the slowdown per engine (and the part lost to system prompts recomputed), how many
 engines each tenant's conversations began on, the follow-ups that moved (when, from, to), the
-slowest turns after the slowdown, and with `--watch-costs` the gateway's cost terms each second
-after it."""
+slowest turns after the slowdown, the gateway's prefix hand-overs and the requests it held until
+another's first token computed their prefix (`prefix_waits`), and with `--watch-costs` the
+gateway's cost terms each second after it."""
 
 from __future__ import annotations
 
@@ -452,7 +453,7 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
         turns, at_slowdown = asyncio.run(run_workload(url, workload, engines, args, costs))
         cpu = tree_cpu_s(router.pid) - cpu_before
         stats = [get_json(e + "/stats") for e in engines]
-        hand_overs = hand_overs_of(url) if variant.kind == "gateway" else None
+        fleet_view = fleet_view_of(url) if variant.kind == "gateway" else {}
         failures = (
             tenant_failures(url)
             if variant.balance == "prefix_affinity" and not variant.env
@@ -478,14 +479,17 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
     result["cached_share_unbounded_placement_after_slowdown"] = ceilings.get("placement_after")
     result["engines_per_tenant"] = engines_per_tenant(turns, args)
     result["costs_after_slowdown"] = costs
-    result["hand_overs"] = hand_overs
+    result["hand_overs"] = fleet_view.get("hand_overs")
+    result["prefix_waits"] = fleet_view.get("prefix_waits")
     return result
 
 
-def hand_overs_of(chat_url: str) -> dict | None:
-    """The prefixes the gateway handed over from the slow replica (`sent`, `failed`)."""
+def fleet_view_of(chat_url: str) -> dict:
+    """The gateway's own view of the fleet: among others, the prefixes it handed over from the
+    slow replica (`hand_overs`: `sent`, `failed`) and the requests that waited for a prefix
+    another request was computing on their replica (`prefix_waits`)."""
     view = get_json(chat_url.rsplit("/v1/", 1)[0] + "/v1/metrics/ttft")
-    return view["replicas"]["fleet"].get("hand_overs")
+    return view["replicas"]["fleet"]
 
 
 def engines_per_tenant(turns: list[Turn], args) -> dict:

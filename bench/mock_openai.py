@@ -50,7 +50,7 @@ class MockBehaviour:
 class MockUpstream:
     def __init__(self, behaviour: MockBehaviour | None = None, seed: int = 0) -> None:
         self.behaviour = behaviour or MockBehaviour()
-        self.requests: list[dict] = []  # {"path", "headers", "body"}
+        self.requests: list[dict] = []  # {"path", "headers", "body", "at": perf_counter}
         self.disconnects: list[float] = []  # times a streaming client went away
         self.sent_first: list[float] = []
         self.chat_requests = 0  # counted even where `requests` keeps nothing (standalone)
@@ -71,7 +71,14 @@ class MockUpstream:
     async def _record(self, request: web.Request) -> dict:
         raw = await request.read()
         body = orjson.loads(raw) if raw else {}
-        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        self.requests.append(
+            {
+                "path": request.path,
+                "headers": dict(request.headers),
+                "body": body,
+                "at": time.perf_counter(),
+            }
+        )
         return body
 
     def _failure(self) -> web.Response | None:

@@ -7,7 +7,9 @@ grows while it keeps failing (the proxy's retry then goes to another); a periodi
 an ejected replica back. With `hedge_after_ms`, a stream whose first token has not come in time
 is sent to the next-best replica too, and whichever produces a first token first is streamed;
 the other is closed at once. A request that goes to a replica measured slow may hand its shared
-prefix over to where its tenant's next conversation will go (`hand_over`).
+prefix over to where its tenant's next conversation will go (`hand_over`). A request whose
+prefix its replica is still computing for an earlier streamed request waits for that one's
+first token, at most as long as computing the prefix again would take (`warming`).
 
 The proxy sees one upstream: retries, fallbacks, keepalives and telemetry work as for any route.
 """
@@ -32,6 +34,7 @@ from gateway.upstreams.base import (
 from gateway.upstreams.replicas.balancer import Choice
 from gateway.upstreams.replicas.hand_over import PrefixHandOver
 from gateway.upstreams.replicas.hedging import HedgeBudget, TtftTracker
+from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN
 from gateway.upstreams.replicas.pool import (
     PROBE_LIMIT_BYTES,
     PROBE_TIMEOUT_S,
@@ -41,7 +44,13 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import BlockChains, conversation_key, prompt_text
+from gateway.upstreams.replicas.prefix_index import (
+    BLOCK_CHARS,
+    BlockChains,
+    conversation_key,
+    prompt_text,
+)
+from gateway.upstreams.replicas.warming import PrefixWarming, Warming
 
 if TYPE_CHECKING:
     import aiohttp
@@ -90,6 +99,9 @@ class ReplicatedUpstream:
         self.hedges = {"sent": 0, "won": 0, "lost": 0}
         self.placements: SharedPlacements | None = None  # set when Redis shares the indexes
         self.chains = BlockChains()  # a conversation's next turn hashes only what is new
+        # prefixes being computed: a request sharing one waits (where prefixes place requests)
+        self.warming = PrefixWarming()
+        self.waits_for_prefixes = route.balance == "prefix_affinity"
         self.hand_over = (
             PrefixHandOver(self.pool, route.name)
             if route.hands_over_prefixes and len(self.members) > 1
@@ -123,6 +135,7 @@ class ReplicatedUpstream:
 
     async def complete(self, body: UpstreamBody, ctx: CallContext) -> Completed:
         blocks, choice = self._choose(body, ctx)
+        await self._after_warming(choice, blocks)
         member = self.pool.sent(choice, blocks, self.placements)
         sent = time.monotonic()
         result = await self.pool.attempt(
@@ -133,6 +146,7 @@ class ReplicatedUpstream:
 
     async def open_stream(self, body: UpstreamBody, ctx: CallContext) -> EventStream:
         blocks, choice = self._choose(body, ctx)
+        await self._after_warming(choice, blocks)
         now = time.monotonic()
         self.budget.request(now)
         after = self._hedge_after(body, ctx)
@@ -177,6 +191,19 @@ class ReplicatedUpstream:
             )
         return blocks, choice
 
+    async def _after_warming(self, choice: Choice, blocks: list[bytes]) -> None:
+        """Wait while the chosen replica is still computing the prompt's matched prefix for an
+        earlier request, at most as long as computing it again would take (`warming`)."""
+        if not self.waits_for_prefixes:
+            return
+        name, matched = choice.replica.name, choice.matched_blocks
+        pending = self.warming.pending(name, blocks, matched)
+        if pending is None:
+            return
+        tokens = matched * BLOCK_CHARS / CHARS_PER_TOKEN
+        limit_s = self.balancer.latency.prefill_ms_per_token * tokens / 1000
+        await self.warming.wait(pending, limit_s)
+
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""
         now = time.monotonic()
@@ -207,10 +234,19 @@ class ReplicatedUpstream:
     ) -> TrackedStream:
         member = self.pool.sent(choice, blocks, self.placements)
         sent = time.monotonic()
-        stream = await self.pool.attempt(
-            member, member.upstream.open_stream(body, ctx), tenant=ctx.tenant
+        warming = (
+            self.warming.start(choice.replica.name, blocks, choice.matched_blocks)
+            if self.waits_for_prefixes
+            else None
         )
-        return TrackedStream(stream, self, member, sent, ctx.tenant, choice)
+        try:
+            stream = await self.pool.attempt(
+                member, member.upstream.open_stream(body, ctx), tenant=ctx.tenant
+            )
+        except BaseException:
+            self.warming.finish(warming)
+            raise
+        return TrackedStream(stream, self, member, sent, ctx.tenant, choice, warming)
 
     async def _open_first(
         self, choice: Choice, blocks: list[bytes], body: UpstreamBody, ctx: CallContext
@@ -274,6 +310,10 @@ class ReplicatedUpstream:
             "balance": self.route.balance,
             "replicas": replicas,
             "hedges": dict(self.hedges),
+            "prefix_waits": {
+                "requests": self.warming.waits,
+                "waited_ms": round(1000 * self.warming.waited_s, 1),
+            },
             "cost": self.balancer.costs(),
         }
         if self.hand_over is not None:
@@ -293,11 +333,13 @@ class TrackedStream(MemberStream):
         sent: float,
         tenant: str = "",
         choice: Choice | None = None,
+        warming: Warming | None = None,
     ) -> None:
         super().__init__(inner, member, fleet.route.first_token_timeout_s, sent)
         self._fleet = fleet
         self._tenant = tenant
         self._choice = choice
+        self._warming = warming
 
     def _saw(self, batch: list[OutEvent]) -> None:
         """A first token is content, an error or the end."""
@@ -305,6 +347,7 @@ class TrackedStream(MemberStream):
             event.resolve()
             if event.content or event.error or event.done or event.malformed:
                 self._first_seen = True
+                self._fleet.warming.finish(self._warming)
                 self._fleet.note_first_token(
                     self._member, time.monotonic() - self._since, self._choice
                 )
@@ -321,5 +364,6 @@ class TrackedStream(MemberStream):
             self._saw(batch)
 
     def _finish(self, failure: BaseException | None) -> None:
+        self._fleet.warming.finish(self._warming)
         free_slot = self._choice is None or self._choice.free_slot
         self._fleet.note_end(self._member, failure, self._tenant, self._since, free_slot)

@@ -32,6 +32,8 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     assert 0.0 < result["cached_share_unbounded_placement"] <= result["cached_share_ceiling"] < 1
     assert math.isfinite(result["added_ttft_cold_prompt_ms"])  # both targets answered them
     assert result["hand_overs"]["failed"] == 0  # the engines answer a one-token completion
+    assert set(result["prefix_waits"]) == {"requests", "waited_ms"}
+    assert variants["bare Python relay"]["prefix_waits"] is None  # a router without the view
     assert sum(result["served"].values()) == result["requests"]
     failures = result["tenant_failures"]
     assert 400 in failures["statuses"] and failures["all_healthy"], failures
