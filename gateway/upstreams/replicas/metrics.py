@@ -60,6 +60,12 @@ class FleetCollector(Collector):
             "Hedged first tokens: sent, won (the hedge answered first), lost.",
             labels=["route", "outcome"],
         )
+        waits = SummaryMetricFamily(
+            "firsttoken_prefix_wait_seconds",
+            "Requests held until another request's first token had computed their prefix on "
+            "their replica, and the seconds they waited.",
+            labels=["route"],
+        )
         for route, fleet in self.fleets.items():
             snapshot = fleet.snapshot()
             for replica in snapshot["replicas"]:
@@ -73,4 +79,7 @@ class FleetCollector(Collector):
                 ttft.add_metric(values, member.stats.ttft_count, member.stats.ttft_sum_s)
             for outcome, count in snapshot["hedges"].items():
                 hedges.add_metric([route, outcome], count)
-        yield from (healthy, in_flight, requests, hits, ejections, ttft, hedges)
+            held = snapshot.get("prefix_waits")  # replicated routes; the prefill/decode router not
+            if held is not None:
+                waits.add_metric([route], held["requests"], held["waited_ms"] / 1000)
+        yield from (healthy, in_flight, requests, hits, ejections, ttft, hedges, waits)

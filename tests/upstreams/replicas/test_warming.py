@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import httpx
 import pytest
 
 from bench.mock_openai import MockUpstream, ThreadedServer
@@ -121,6 +122,14 @@ def test_a_conversation_that_starts_while_its_prefix_is_computed_waits_for_it(
         second_sent = home.mock.requests[-1]["at"]
         assert second_sent >= home.mock.sent_first[0]
         assert waits["requests"] == 1 and waits["waited_ms"] > 0
+        text = httpx.get(gw.url + "/metrics", timeout=10).text
+        assert 'firsttoken_prefix_wait_seconds_count{route="fleet"} 1.0' in text
+        waited = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("firsttoken_prefix_wait_seconds_sum")
+        )
+        assert abs(float(waited.split()[-1]) - waits["waited_ms"] / 1000) < 0.001
 
 
 def test_an_entry_never_reported_ended_stops_holding_anyone_back() -> None:
