@@ -436,6 +436,10 @@ class Balancer:
     def by_name(self, name: str) -> ReplicaState:
         return self._by_name[name]
 
+    def recompute_ms(self, blocks: int) -> float:
+        """What computing `blocks` prefix blocks takes a replica, at the route's prefill rate."""
+        return self.latency.prefill_ms_per_token * _uncached_tokens(blocks * BLOCK_CHARS, 0)
+
 
 def _rounded(ms: float | None) -> float | None:
     return None if ms is None else round(ms, 1)

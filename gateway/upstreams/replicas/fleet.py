@@ -34,7 +34,6 @@ from gateway.upstreams.base import (
 from gateway.upstreams.replicas.balancer import Choice
 from gateway.upstreams.replicas.hand_over import PrefixHandOver
 from gateway.upstreams.replicas.hedging import HedgeBudget, TtftTracker
-from gateway.upstreams.replicas.latency import CHARS_PER_TOKEN
 from gateway.upstreams.replicas.pool import (
     PROBE_LIMIT_BYTES,
     PROBE_TIMEOUT_S,
@@ -44,12 +43,7 @@ from gateway.upstreams.replicas.pool import (
     ServerPool,
     first_model_cards,
 )
-from gateway.upstreams.replicas.prefix_index import (
-    BLOCK_CHARS,
-    BlockChains,
-    conversation_key,
-    prompt_text,
-)
+from gateway.upstreams.replicas.prefix_index import BlockChains, conversation_key, prompt_text
 from gateway.upstreams.replicas.warming import PrefixWarming, Warming
 
 if TYPE_CHECKING:
@@ -200,9 +194,7 @@ class ReplicatedUpstream:
         pending = self.warming.pending(name, blocks, matched)
         if pending is None:
             return
-        tokens = matched * BLOCK_CHARS / CHARS_PER_TOKEN
-        limit_s = self.balancer.latency.prefill_ms_per_token * tokens / 1000
-        await self.warming.wait(pending, limit_s)
+        await self.warming.wait(pending, self.balancer.recompute_ms(matched) / 1000)
 
     def _second(self, first: Choice, blocks: list[bytes]) -> Choice | None:
         """The hedge's replica: the next best healthy one, if the budget allows a hedge."""

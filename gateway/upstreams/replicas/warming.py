@@ -61,16 +61,13 @@ class PrefixWarming:
     def start(self, replica: str, blocks: list[bytes], matched: int) -> Warming | None:
         """A request is sent to `replica` with `blocks`, of which the first `matched` were
         thought held there: it computes the rest. None when it computes nothing new."""
-        new = [
-            key
-            for key in ((replica, block) for block in blocks[matched : matched + MAX_BLOCKS])
-            if key not in self._by_block
-        ]
+        by_block = self._by_block
+        new = [b for b in blocks[matched : matched + MAX_BLOCKS] if (replica, b) not in by_block]
         if not new:
             return None
-        warming = Warming(replica, [block for _, block in new])
-        for key in new:
-            self._by_block[key] = warming
+        warming = Warming(replica, new)
+        for block in new:
+            by_block[(replica, block)] = warming
         return warming
 
     def finish(self, warming: Warming | None) -> None:
