@@ -59,8 +59,9 @@ in pairs). Writes bench/results/fleet_http.json, with what explains the figures:
 before and after the slowdown per engine (and the part lost to system prompts recomputed), how many
 engines each tenant's conversations began on, the follow-ups that moved (when, from, to), the
 slowest turns after the slowdown, the gateway's prefix hand-overs and the requests it held until
-another's first token computed their prefix (`prefix_waits`), and with `--watch-costs` the
-gateway's cost terms each second after it."""
+another's first token computed their prefix (`prefix_waits`), with `--watch-costs` the
+gateway's cost terms each second after it, and with `--turns` every turn of the workload (when it
+began, its TTFT, the engine that answered, its tenant)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import aiohttp
 import orjson
@@ -481,6 +482,8 @@ def measure(variant: Variant, workload: Workload, engines: list[str], args) -> d
     result["costs_after_slowdown"] = costs
     result["hand_overs"] = fleet_view.get("hand_overs")
     result["prefix_waits"] = fleet_view.get("prefix_waits")
+    if args.turns:
+        result["turns"] = [asdict(turn) for turn in turns]
     return result
 
 
@@ -691,6 +694,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="read the gateway's cost terms each second after the slowdown into the JSON "
         "(its CPU figure then includes those reads)",
+    )
+    parser.add_argument(
+        "--turns",
+        action="store_true",
+        help="write every turn (conversation, turn, start s, TTFT ms, engine, tenant) into the "
+        "JSON: where a tail came from, turn by turn",
     )
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "fleet_http.json"))
     args = parser.parse_args(argv)

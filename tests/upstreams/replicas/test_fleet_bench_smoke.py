@@ -21,12 +21,18 @@ def test_fleet_bench_tiny_run(tmp_path) -> None:
     argv = [sys.executable, os.path.join(ROOT, "bench", "fleet_http.py"), "--quick"]
     argv += ["--seconds", "6", "--replicas", "2", "--tenants", "3", "--rate", "1.5"]
     argv += ["--probes", "3", "--cold-prompts", "2", "--only", "prefix_affinity,floor"]
-    argv += ["--out", str(out)]
+    argv += ["--turns", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     variants = json.loads(out.read_text())["variants"]
     result = variants["prefix affinity"]
     assert result["requests"] > 0 and result["errors"] == 0
+    # every turn, as the summary counted it (--turns)
+    turns = result["turns"]
+    assert len(turns) == result["requests"]
+    assert {t["engine"] for t in turns} <= set(result["served"])
+    assert all(t["ttft_ms"] > 0 and 0 <= t["tenant"] < 3 for t in turns)
+    assert sum(1 for t in turns if t["index"] == 0) == len({t["session"] for t in turns})
     assert 0.0 < result["cached_share"] <= 1.0
     # the same turns replayed on caches that never evict: a tenant per engine holds the most
     assert 0.0 < result["cached_share_unbounded_placement"] <= result["cached_share_ceiling"] < 1
